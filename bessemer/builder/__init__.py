@@ -1,0 +1,1 @@
+"""Builder: IR, passes, lowering and the engine format."""

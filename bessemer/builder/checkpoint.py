@@ -1,0 +1,111 @@
+"""Reads a HF checkpoint directory without loading it: config, tensor index, mmap'd tensors.
+
+safetensors is parsed here directly (8-byte header length, JSON header, raw data) so that
+shapes are known without touching tensor data, every offset is bounds-checked with an
+error naming the file, and a tensor is materialised only while it is being packed.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bessemer.errors import BessemerError
+
+SAFETENSORS_DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2),
+                      "F64": (np.float64, 8)}
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    end: int
+
+
+def load_hf_config(model_dir: Path) -> dict:
+    if not model_dir.exists():
+        raise BessemerError(f"model directory {model_dir} does not exist; pass a HF checkpoint directory")
+    if not model_dir.is_dir():
+        raise BessemerError(f"{model_dir} is not a directory; pass a HF checkpoint directory")
+    path = model_dir / "config.json"
+    if not path.exists():
+        raise BessemerError(f"{path} is missing; a HF checkpoint needs config.json (save it with save_pretrained)")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BessemerError(f"{path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); re-export the checkpoint") from None
+
+
+def _read_safetensors_header(path: Path) -> dict[str, TensorLocation]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise BessemerError(f"{path} is truncated ({size} bytes); re-download or re-save the checkpoint")
+        (header_len,) = struct.unpack("<Q", raw)
+        if header_len > size - 8 or header_len > 100 << 20:
+            raise BessemerError(f"{path} is corrupt (header length {header_len} exceeds the file); re-download the checkpoint")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BessemerError(f"{path} is corrupt (unreadable header); re-download the checkpoint") from None
+    base = 8 + header_len
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info.get("dtype")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise BessemerError(f"{path}: tensor {name} has dtype {dtype}; only F32/F16/BF16 checkpoints are supported")
+        start, end = info["data_offsets"]
+        shape = tuple(int(s) for s in info["shape"])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype][1]
+        if end - start != nbytes or base + end > size:
+            raise BessemerError(f"{path} is truncated or corrupt (tensor {name} runs past the end); re-download the checkpoint")
+        out[name] = TensorLocation(path, dtype, shape, base + start, base + end)
+    return out
+
+
+class Checkpoint:
+    """Tensor index over all safetensors files of a checkpoint; `get` returns fp32 numpy."""
+
+    def __init__(self, model_dir: Path):
+        self.dir = Path(model_dir)
+        self.config = load_hf_config(self.dir)
+        files = sorted(self.dir.glob("*.safetensors"))
+        if not files:
+            raise BessemerError(f"no *.safetensors weights in {self.dir}; save the model with save_pretrained(safe_serialization=True)")
+        self.index: dict[str, TensorLocation] = {}
+        for f in files:
+            self.index.update(_read_safetensors_header(f))
+        self._maps: dict[Path, mmap.mmap] = {}
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: v.shape for k, v in self.index.items()}
+
+    def get(self, name: str) -> np.ndarray:
+        loc = self.index[name]
+        if loc.file not in self._maps:
+            with open(loc.file, "rb") as f:
+                self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        np_dtype, _ = SAFETENSORS_DTYPES[loc.dtype]
+        raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // np.dtype(np_dtype).itemsize,
+                            offset=loc.start)
+        if loc.dtype == "BF16":
+            arr = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = raw.astype(np.float32)
+        return arr.reshape(loc.shape)
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()

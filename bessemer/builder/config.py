@@ -1,0 +1,52 @@
+"""BuildConfig: how an engine is built. Frozen, validated, serialized into the engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from bessemer.errors import InvalidOptionError
+
+DTYPES = ("float32", "bfloat16")
+TARGETS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    dtype: str = "float32"  # storage of weights (and the KV cache unless kv_cache_dtype says)
+    max_seq_len: int | None = None  # None: min(model's max_position_embeddings, 4096)
+    max_batch_size: int = 16
+    max_num_tokens: int = 2048  # rows in one step (prefill chunks are cut to this)
+    kv_block_size: int = 16
+    kv_cache_dtype: str | None = None
+    target: str = "cpu"
+    tp_size: int = 1
+    fuse: bool = True  # run the fusion passes (off only to debug a fusion)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise InvalidOptionError(f"--dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in DTYPES:
+            raise InvalidOptionError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if self.target not in TARGETS:
+            raise InvalidOptionError(f"--target {self.target!r} is not available; use one of {', '.join(TARGETS)}")
+        for name in ("max_batch_size", "max_num_tokens", "kv_block_size", "tp_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidOptionError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len <= 0):
+            raise InvalidOptionError(f"--max-seq-len must be a positive integer, got {self.max_seq_len!r}")
+        if self.kv_block_size & (self.kv_block_size - 1) or self.kv_block_size > 1024:
+            raise InvalidOptionError(f"--kv-block-size must be a power of two up to 1024, got {self.kv_block_size}")
+        if self.tp_size != 1:
+            raise InvalidOptionError("--tp > 1 is not supported yet; build with --tp 1")
+
+    @property
+    def resolved_kv_dtype(self) -> str:
+        return self.kv_cache_dtype or self.dtype
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

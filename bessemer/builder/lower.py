@@ -1,0 +1,139 @@
+"""Lowering: a verified Graph -> one rank's ExecutionPlan plus the tensors to pack.
+
+Two steps, each a plain function:
+- select_storage: the dtype and layout each weight is stored in for the cpu kernels.
+- plan_memory: assigns every value a view of an activation buffer. `split` outputs become
+  column views of their input (no copy), ops that declare in-place outputs reuse an input's
+  view when that input dies there, and buffers whose values are dead are reused by later
+  values of the same rows kind and width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import Graph, WeightRef
+from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
+from bessemer.plugins.ops import OPS
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of the rank file: its HF parts (concatenated on axis 0) or a graph constant."""
+
+    name: str
+    parts: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+
+
+def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
+    """Linear weights: panel16 in the build dtype (what the GEMM/GEMV kernels read).
+    An embedding table shared with lm_head (tied) is stored once, panel16; the embedding
+    kernel gathers its rows with stride 16. Norms, biases, constants: fp32 row-major."""
+    specs: dict[str, TensorSpec] = {}
+
+    def put(ref: WeightRef, dtype: str, layout: str) -> None:
+        if ref.name not in specs or layout == "panel16":
+            specs[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, layout)
+
+    for n in graph.nodes:
+        for role, ref in zip(OPS[n.op].weight_roles, n.weights):
+            if ref is None:
+                continue
+            if n.op == "linear" and role == "weight":
+                put(ref, build.dtype, "panel16")
+            elif n.op == "embedding":
+                put(ref, build.dtype, "row_major")
+            else:
+                put(ref, "float32", "row_major")
+    order = graph.weight_names()
+    return {name: specs[name] for name in order}
+
+
+def _last_uses(graph: Graph) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            last[v] = i
+    return last
+
+
+def plan_memory(graph: Graph) -> tuple[dict[str, View], list[Buffer]]:
+    values = graph.values
+    last = _last_uses(graph)
+    last[graph.output] = len(graph.nodes)  # the logits live to the end
+    view: dict[str, View] = {}
+    buffers: list[Buffer] = []
+    live: dict[int, set[str]] = {}  # buffer id -> live values viewing it
+    free: list[int] = []
+
+    def acquire(rows: str, width: int) -> View:
+        for i, b in enumerate(free):
+            if buffers[b].rows == rows and buffers[b].width == width:
+                return View(free.pop(i), 0, width)
+        buffers.append(Buffer(len(buffers), width, rows))
+        return View(len(buffers) - 1, 0, width)
+
+    def bind(value: str, v: View) -> None:
+        view[value] = v
+        live.setdefault(v.buffer, set()).add(value)
+
+    def release(value: str) -> None:
+        b = view[value].buffer
+        live[b].discard(value)
+        if not live[b]:
+            free.append(b)
+
+    def overwritable(value: str, i: int) -> bool:
+        """In place over `value` is safe if it dies at node i and no other live value
+        overlaps its columns (rope rotates the q and k columns of the qkv buffer while
+        the v columns stay live)."""
+        v = view[value]
+        return last.get(value) == i and not any(
+            other != value and view[other].col < v.col + v.width and v.col < view[other].col + view[other].width
+            for other in live[v.buffer])
+
+    for i, n in enumerate(graph.nodes):
+        decl = OPS[n.op]
+        if n.op == "split":
+            src, col = view[n.inputs[0]], 0
+            for out in n.outputs:
+                width = values[out].width
+                bind(out, View(src.buffer, src.col + col, width))
+                col += width
+        else:
+            for k, out in enumerate(n.outputs):
+                src = decl.inplace.get(k)
+                if src is not None and overwritable(n.inputs[src], i):
+                    bind(out, view[n.inputs[src]])
+                else:
+                    bind(out, acquire(values[out].rows, values[out].width))
+        for v in set(n.inputs):
+            if last.get(v) == i:
+                release(v)
+        for out in n.outputs:
+            if out not in last:  # produced but never read
+                release(out)
+    return view, buffers
+
+
+def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:
+    specs = select_storage(graph, build)
+    view, buffers = plan_memory(graph)
+    steps = []
+    for n in graph.nodes:
+        if n.op == "split":
+            continue
+        decl = OPS[n.op]
+        steps.append(KernelCall(
+            op=n.op, version=decl.version, node=n.name,
+            ins=tuple(view[v] for v in n.inputs), outs=tuple(view[v] for v in n.outputs),
+            weights=tuple(w.name for w in n.weights if w is not None),
+            attrs={k: float(v) for k, v in n.attrs.items()}))
+    vocab = graph.values[graph.output].width
+    kv = dict(model_kv, dtype=build.resolved_kv_dtype)
+    plan = ExecutionPlan(tuple(buffers), tuple(steps), kv, view[graph.output], vocab)
+    return plan, list(specs.values())

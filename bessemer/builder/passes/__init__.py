@@ -1,0 +1,1 @@
+"""Graph passes: pure (Graph, BuildConfig) -> Graph functions, one per file."""

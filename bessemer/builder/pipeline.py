@@ -1,0 +1,41 @@
+"""The pass pipeline: numbered phases of pure (Graph, BuildConfig) -> Graph passes.
+
+verify() runs after every pass; `dump_dir` receives the graph after each phase as text
+(`00-input.txt`, `01-fusion.txt`, ...), the view `--dump-ir DIR` gives of a build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import Graph, GraphError, format_graph, verify
+from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
+from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
+from bessemer.builder.passes.fuse_qkv import fuse_qkv
+
+Pass = Callable[[Graph, BuildConfig], Graph]
+
+
+def phases(build: BuildConfig) -> list[tuple[str, list[Pass]]]:
+    fusion = [fuse_qkv, fuse_gate_up, fuse_add_rmsnorm] if build.fuse else []
+    return [("fusion", fusion)]
+
+
+def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None) -> tuple[Graph, list[str]]:
+    graph = verify(graph)
+    applied: list[str] = []
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        (dump_dir / "00-input.txt").write_text(format_graph(graph))
+    for number, (phase, passes) in enumerate(phases(build), start=1):
+        for p in passes:
+            try:
+                graph = verify(p(graph, build))
+            except GraphError as e:
+                raise GraphError(f"after pass {p.__name__}: {e}") from None
+            applied.append(p.__name__)
+        if dump_dir is not None:
+            (dump_dir / f"{number:02d}-{phase}.txt").write_text(format_graph(graph))
+    return graph, applied

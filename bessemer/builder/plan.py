@@ -1,0 +1,131 @@
+"""ExecutionPlan: what one rank's runtime executes, step after step.
+
+A plan is a flat list of kernel calls over activation buffers. It is stored in the rank
+file's JSON header under "plan" and executed by the C++ Executor (runtime/csrc), which
+resolves every `op@version` to a kernel once at load time and refuses unknown ones.
+
+Plan JSON::
+
+    {"buffers": [{"id": 0, "width": 576, "rows": "tokens"}, ...],
+     "steps":   [{"op": "linear", "version": 1,
+                  "ins":  [[buf, col, width], ...],     # operand views, see below
+                  "outs": [[buf, col, width], ...],
+                  "weights": ["model.layers.0.self_attn.qkv_proj.weight", ...],
+                  "attrs": {"name": number, ...}}, ...],
+     "kv_cache": {"num_layers": L, "num_kv_heads": Hkv, "head_dim": D, "dtype": "float32"},
+     "logits": [buf, col, width],
+     "vocab_size": V}
+
+Buffers are fp32 matrices with one row per token of the step ("tokens": T rows) or one row
+per selected token ("selected": L rows, the rows named by the step's logits_indices).
+Their width is fixed; the executor grows their storage to the step's row count.
+An operand view [buf, col, width] is the column range [col, col+width) of every row of
+buffer `buf`; its row stride is the buffer's width. Views let the fused qkv output feed
+rope and attention, and the fused gate_up output feed silu_mul, without copies.
+
+Step inputs (numpy int32 arrays, given to Executor.step each step):
+
+    token_ids      [T]        token of each row
+    positions      [T]        position of each row in its sequence
+    cu_seqlens     [S+1]      rows of sequence s are cu_seqlens[s] .. cu_seqlens[s+1]-1
+    context_lens   [S]        tokens of sequence s in the KV cache after this step
+    block_tables   [S, B]     KV block ids of sequence s (block b holds positions
+                              b*block_size .. (b+1)*block_size-1); unused entries are -1
+    logits_indices [L]        rows whose logits are returned ([L, V] float32)
+
+Kernels (attrs are numbers; weights are names in the rank file's tensor table):
+
+    embedding@1    outs [x]; weights [table ([V, H] row_major or panel16; f32/bf16)]
+                   x[t] = table[token_ids[t]]
+    rms_norm@1     ins [x]; outs [y]; weights [w]; attrs eps, weight_offset
+                   y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset)
+    add_rms_norm@1 ins [x, residual]; outs [y, residual_out]; weights [w]; attrs eps, weight_offset
+                   residual_out = x + residual; y = rms_norm(residual_out)
+                   (residual_out may be the same view as residual: in place)
+    add@1          ins [a, b]; outs [c]; c = a + b
+    linear@1       ins [x]; outs [y]; weights [w ([N, K] panel16, f32 or bf16), bias?]
+                   y = x @ w.T (+ bias, [N] row_major f32); rows = out's row kind
+    silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
+    gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
+    rope@1         ins [q, k] (rotated in place); weights [inv_freq ([rotary_dim/2] f32)];
+                   attrs num_heads, num_kv_heads, head_dim, rotary_dim, attention_scaling
+                   rotate-half (GPT-NeoX/Llama) style on the first rotary_dim dims of each
+                   head: f = positions[t] * inv_freq[i] (fp32), c = cos(f) * scaling,
+                   s = sin(f) * scaling; (x_i, x_{i+r/2}) -> (x_i c - x_{i+r/2} s,
+                   x_{i+r/2} c + x_i s)
+    attention@1    ins [q, k, v]; outs [o]; attrs layer, num_heads, num_kv_heads, head_dim,
+                   scale, sliding_window (0 = none)
+                   writes k, v of every row into the paged cache of `layer` at its position,
+                   then for each row t of sequence s at position p: o = softmax(scale *
+                   q.K^T) V over cached positions j of s with j <= p (and j > p - window
+                   when sliding_window > 0); query head h reads KV head
+                   h // (num_heads / num_kv_heads)
+
+The KV cache of each layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim]
+(K and V) in kv_cache.dtype (float32 or bfloat16), allocated by the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROWS_TOKENS = "tokens"
+ROWS_SELECTED = "selected"
+
+
+@dataclass(frozen=True)
+class View:
+    buffer: int
+    col: int
+    width: int
+
+    def to_json(self) -> list[int]:
+        return [self.buffer, self.col, self.width]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    id: int
+    width: int
+    rows: str = ROWS_TOKENS
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "width": self.width, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    op: str
+    version: int
+    ins: tuple[View, ...]
+    outs: tuple[View, ...]
+    weights: tuple[str, ...] = ()
+    attrs: dict = field(default_factory=dict)
+    node: str = ""  # graph node this call came from (HF module path), for inspect/debug
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.op}@{self.version}"
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "version": self.version, "node": self.node,
+                "ins": [v.to_json() for v in self.ins], "outs": [v.to_json() for v in self.outs],
+                "weights": list(self.weights), "attrs": dict(sorted(self.attrs.items()))}
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    buffers: tuple[Buffer, ...]
+    steps: tuple[KernelCall, ...]
+    kv_cache: dict
+    logits: View
+    vocab_size: int
+
+    def kernels(self) -> list[str]:
+        return sorted({s.kernel for s in self.steps})
+
+    def to_json(self) -> dict:
+        return {"buffers": [b.to_json() for b in self.buffers],
+                "steps": [s.to_json() for s in self.steps],
+                "kv_cache": dict(self.kv_cache), "logits": self.logits.to_json(),
+                "vocab_size": self.vocab_size}

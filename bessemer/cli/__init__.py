@@ -1,0 +1,1 @@
+"""Command-line entry points: parse flags, call the library. No logic here."""

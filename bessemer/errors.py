@@ -1,0 +1,21 @@
+"""The one exception type users see: a one-line message naming the problem and the fix."""
+
+
+class BessemerError(Exception):
+    """A user-facing error. The CLI prints `error: <message>` and exits non-zero."""
+
+
+class UnsupportedModelError(BessemerError):
+    pass
+
+
+class InvalidOptionError(BessemerError):
+    pass
+
+
+class EngineLoadError(BessemerError):
+    pass
+
+
+class RequestError(BessemerError):
+    """A request the engine cannot serve (e.g. a prompt longer than max_seq_len)."""

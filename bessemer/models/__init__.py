@@ -1,0 +1,1 @@
+"""Model families: HF config -> ModelConfig and build_graph(cfg) -> Graph."""

@@ -1,0 +1,61 @@
+"""ModelConfig: the decoder-only transformer description every family maps its HF config to.
+
+Field names are HF `config.json` names, so a reader of either file knows both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # HF architectures[0]
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_parameters: dict  # {"rope_type": ..., "rope_theta": ..., scaling fields}
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    # per-layer sliding window (0 = full attention); length num_hidden_layers
+    sliding_windows: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["sliding_windows"] = list(self.sliding_windows)
+        d["eos_token_id"] = list(self.eos_token_id)
+        return d
+
+
+def rope_parameters_from_hf(hf: dict) -> dict:
+    """transformers 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`."""
+    if isinstance(hf.get("rope_parameters"), dict):
+        params = dict(hf["rope_parameters"])
+    else:
+        params = dict(hf.get("rope_scaling") or {})
+        params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    return dict(sorted(params.items()))
+
+
+def eos_ids(hf: dict) -> tuple[int, ...]:
+    eos = hf.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)

@@ -1,0 +1,25 @@
+"""Maps HF `architectures[0]` to the model file that understands it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from bessemer.errors import UnsupportedModelError
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "bessemer.models.llama",
+    "MistralForCausalLM": "bessemer.models.mistral",
+    "Qwen2ForCausalLM": "bessemer.models.qwen2",
+}
+
+
+def family_for(hf_config: dict) -> ModuleType:
+    archs = hf_config.get("architectures") or []
+    if not archs:
+        raise UnsupportedModelError(
+            "config.json has no 'architectures' entry; add e.g. \"architectures\": [\"LlamaForCausalLM\"]")
+    if archs[0] not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"architecture {archs[0]!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
+    return importlib.import_module(ARCHITECTURES[archs[0]])

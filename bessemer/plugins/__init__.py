@@ -1,0 +1,1 @@
+"""Fused ops: declarations, NumPy references, and their C++ kernels (csrc/)."""

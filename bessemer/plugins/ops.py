@@ -1,0 +1,152 @@
+"""The closed op set: every op declared once with its version, signature, shape rule,
+which outputs may be computed in place, and a NumPy reference implementation.
+
+The references are the oracle for the C++ kernels (tests/test_kernels.py) and power the
+graph interpreter (builder/interpret.py) used to test passes. Shapes: every value is a
+matrix (rows, width) whose rows are the step's tokens ("tokens") or the rows selected for
+logits ("selected").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from bessemer.builder.plan import ROWS_SELECTED, ROWS_TOKENS
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Per-step metadata the references need; mirrors Executor.step's arguments."""
+
+    token_ids: np.ndarray  # [T] int
+    positions: np.ndarray  # [T] int
+    seq_ids: np.ndarray  # [T] which sequence each row belongs to
+    logits_indices: np.ndarray  # [L] rows whose logits are wanted
+
+
+@dataclass(frozen=True)
+class OpDecl:
+    name: str
+    version: int
+    num_ins: int
+    num_outs: int
+    weight_roles: tuple[str, ...]  # required weights, in kernel order; "bias?" = optional
+    # (in_widths, attrs, weight_shapes) -> out widths; raises ValueError on a mismatch.
+    infer: Callable[[list[int], dict, list[tuple[int, ...]]], list[int]]
+    # output index -> input index it may overwrite (the kernel supports aliasing them).
+    inplace: dict
+    rows: str = ""  # "" = outputs have the rows of input 0; else a fixed rows kind
+
+
+def _same(ins, attrs, ws):
+    if len(set(ins)) != 1:
+        raise ValueError(f"operand widths differ: {ins}")
+    return [ins[0]]
+
+
+def _linear(ins, attrs, ws):
+    n, k = ws[0]
+    if ins[0] != k:
+        raise ValueError(f"input width {ins[0]} != weight in_features {k}")
+    if len(ws) > 1 and ws[1] != (n,):
+        raise ValueError(f"bias shape {ws[1]} != ({n},)")
+    return [n]
+
+
+def _embedding(ins, attrs, ws):
+    return [ws[0][1]]
+
+
+def _norm(ins, attrs, ws):
+    if ws[0] != (ins[0],):
+        raise ValueError(f"norm weight {ws[0]} != ({ins[0]},)")
+    return [ins[0]] * (2 if len(ins) == 2 else 1)
+
+
+def _split(ins, attrs, ws):
+    sizes = [int(s) for s in attrs["sizes"]]
+    if sum(sizes) != ins[0]:
+        raise ValueError(f"split sizes {sizes} do not sum to {ins[0]}")
+    return sizes
+
+
+def _rope(ins, attrs, ws):
+    d, r = int(attrs["head_dim"]), int(attrs["rotary_dim"])
+    if ins != [attrs["num_heads"] * d, attrs["num_kv_heads"] * d]:
+        raise ValueError(f"rope operand widths {ins} do not match heads x head_dim")
+    if ws[0] != (r // 2,) or r > d or r % 2:
+        raise ValueError(f"inv_freq shape {ws[0]} does not match rotary_dim {r}")
+    return list(ins)
+
+
+def _attention(ins, attrs, ws):
+    d, hq, hkv = int(attrs["head_dim"]), int(attrs["num_heads"]), int(attrs["num_kv_heads"])
+    if ins != [hq * d, hkv * d, hkv * d] or hq % hkv:
+        raise ValueError(f"attention operand widths {ins} do not match heads {hq}/{hkv} x {d}")
+    return [hq * d]
+
+
+OPS: dict[str, OpDecl] = {d.name: d for d in [
+    OpDecl("embedding", 1, 0, 1, ("table",), _embedding, {}, ROWS_TOKENS),
+    OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}),
+    OpDecl("add_rms_norm", 1, 2, 2, ("weight",), _norm, {1: 1}),
+    OpDecl("add", 1, 2, 1, (), _same, {0: 0}),
+    OpDecl("linear", 1, 1, 1, ("weight", "bias?"), _linear, {}),
+    OpDecl("silu_mul", 1, 2, 1, (), _same, {}),
+    OpDecl("gather_rows", 1, 1, 1, (), lambda i, a, w: [i[0]], {}, ROWS_SELECTED),
+    # split makes views of its input (no kernel); lowering turns it into column offsets.
+    OpDecl("split", 0, 1, -1, (), _split, {}),
+    OpDecl("rope", 1, 2, 2, ("inv_freq",), _rope, {0: 0, 1: 1}),
+    OpDecl("attention", 1, 3, 1, (), _attention, {}),
+]}
+
+
+# ---- NumPy references (float64 inside, float32 out, like the kernels' fp32 accumulate) ----
+
+def ref_rms_norm(x, w, eps, weight_offset=0.0):
+    x64 = x.astype(np.float64)
+    inv = 1.0 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + eps)
+    return (x64 * inv * (w.astype(np.float64) + weight_offset)).astype(np.float32)
+
+
+def ref_silu_mul(g, u):
+    g64 = g.astype(np.float64)
+    return (g64 / (1.0 + np.exp(-g64)) * u).astype(np.float32)
+
+
+def ref_rope(x, positions, inv_freq, num_heads, head_dim, rotary_dim, scaling=1.0):
+    # x: (T, num_heads * head_dim); rotate-half on the first rotary_dim dims of each head
+    t = x.reshape(len(x), num_heads, head_dim).astype(np.float64)
+    ang = positions.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+    cos = (np.cos(ang.astype(np.float64)) * scaling)[:, None, :]
+    sin = (np.sin(ang.astype(np.float64)) * scaling)[:, None, :]
+    half = rotary_dim // 2
+    a, b = t[..., :half].copy(), t[..., half:rotary_dim].copy()
+    t[..., :half] = a * cos - b * sin
+    t[..., half:rotary_dim] = b * cos + a * sin
+    return t.reshape(len(x), -1).astype(np.float32)
+
+
+def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_dim, scale,
+                  sliding_window=0):
+    """Attention of one sequence. q: (Tq, Hq*D) at positions q_pos; k_all, v_all:
+    (Tk, Hkv*D) of the whole cached context at positions kv_pos."""
+    tq = len(q)
+    qh = q.reshape(tq, num_heads, head_dim).astype(np.float64)
+    kh = k_all.reshape(len(k_all), num_kv_heads, head_dim).astype(np.float64)
+    vh = v_all.reshape(len(v_all), num_kv_heads, head_dim).astype(np.float64)
+    group = num_heads // num_kv_heads
+    out = np.zeros((tq, num_heads, head_dim))
+    for h in range(num_heads):
+        s = qh[:, h] @ kh[:, h // group].T * scale  # (Tq, Tk)
+        mask = kv_pos[None, :] <= q_pos[:, None]
+        if sliding_window:
+            mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
+        s = np.where(mask, s, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out[:, h] = p @ vh[:, h // group]
+    return out.reshape(tq, -1).astype(np.float32)

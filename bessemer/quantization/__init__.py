@@ -1,0 +1,1 @@
+"""Quantization primitives, configs and algorithms (see issue: quantization passes)."""

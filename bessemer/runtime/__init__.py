@@ -1,0 +1,1 @@
+"""Runtime: engine loading, executor, KV cache, scheduler, sampler and the LLM API."""

@@ -1,0 +1,45 @@
+"""Packaging only: metadata, console scripts and the one C++ extension (bessemer._C)."""
+
+from glob import glob
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+# AVX2+FMA is the baseline ISA of the cpu target; AVX-512 kernels are compiled in files
+# that enable it with `#pragma GCC target` and are chosen at run time (cpu_features()).
+EXTRA_COMPILE_ARGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenmp",
+                      "-fno-math-errno", "-Wall", "-Wno-unknown-pragmas"]
+
+ext = Pybind11Extension(
+    "bessemer._C",
+    sorted(glob("bessemer/runtime/csrc/*.cpp") + glob("bessemer/plugins/csrc/*.cpp")),
+    include_dirs=["bessemer/runtime/csrc", "bessemer/plugins/csrc"],
+    extra_compile_args=EXTRA_COMPILE_ARGS,
+    extra_link_args=["-fopenmp"],
+)
+
+setup(
+    name="bessemer",
+    version="0.1.0",
+    description="Ahead-of-time LLM engine builder and runtime",
+    packages=find_packages(include=["bessemer", "bessemer.*"]),
+    package_data={"bessemer": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],
+    extras_require={
+        # The builder reads checkpoints with torch; the runtime needs none of these.
+        "build": ["torch==2.13.0", "transformers", "gguf"],
+        "test": ["pytest", "torch==2.13.0", "transformers", "gguf"],
+        "tensorrt": ["tensorrt", "cuda-python", "onnx"],
+        "quant": ["nvidia-modelopt", "requests"],
+    },
+    ext_modules=[ext],
+    cmdclass={"build_ext": build_ext},
+    entry_points={
+        "console_scripts": [
+            "build-engine=bessemer.cli.build:main",
+            "run-engine=bessemer.cli.run:main",
+            "bessemer=bessemer.cli.main:main",
+        ]
+    },
+)
