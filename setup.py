@@ -28,8 +28,8 @@ setup(
     install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],
     extras_require={
         # The builder reads checkpoints with torch; the runtime needs none of these.
-        "build": ["torch==2.13.0", "transformers", "gguf"],
-        "test": ["pytest", "torch==2.13.0", "transformers", "gguf"],
+        "build": ["torch==2.13.0", "transformers", "gguf", "accelerate"],
+        "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],
     },

@@ -13,9 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, WeightRef
+from bessemer.builder.graph import Graph, GraphError, WeightRef
 from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
 from bessemer.plugins.ops import OPS
+
+
+# Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
+IN_PLACE_ONLY = {"rope"}
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,13 @@ def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPl
         if n.op == "split":
             continue
         decl = OPS[n.op]
+        ins, outs = tuple(view[v] for v in n.inputs), tuple(view[v] for v in n.outputs)
+        if n.op in IN_PLACE_ONLY:
+            if outs != ins:
+                raise GraphError(f"{n.name}: {n.op} works in place, but its inputs are still read later")
+            outs = ()
         steps.append(KernelCall(
-            op=n.op, version=decl.version, node=n.name,
-            ins=tuple(view[v] for v in n.inputs), outs=tuple(view[v] for v in n.outputs),
+            op=n.op, version=decl.version, node=n.name, ins=ins, outs=outs,
             weights=tuple(w.name for w in n.weights if w is not None),
             attrs={k: float(v) for k, v in n.attrs.items()}))
     vocab = graph.values[graph.output].width

@@ -47,7 +47,7 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    y = x @ w.T (+ bias, [N] row_major f32); rows = out's row kind
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
-    rope@1         ins [q, k] (rotated in place); weights [inv_freq ([rotary_dim/2] f32)];
+    rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];
                    attrs num_heads, num_kv_heads, head_dim, rotary_dim, attention_scaling
                    rotate-half (GPT-NeoX/Llama) style on the first rotary_dim dims of each
                    head: f = positions[t] * inv_freq[i] (fp32), c = cos(f) * scaling,
@@ -60,6 +60,10 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    q.K^T) V over cached positions j of s with j <= p (and j > p - window
                    when sliding_window > 0); query head h reads KV head
                    h // (num_heads / num_kv_heads)
+
+The "logits" view (width vocab_size) is returned as the step's [L, V] result: rows 0..L-1
+of its buffer when that buffer has "selected" rows, or the rows named by logits_indices
+when it has "tokens" rows (the executor gathers them).
 
 The KV cache of each layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim]
 (K and V) in kv_cache.dtype (float32 or bfloat16), allocated by the executor.

@@ -22,11 +22,14 @@ class GraphBuilder:
     weight_shapes: dict
     nodes: list = field(default_factory=list)
 
-    def weight(self, name: str, optional: bool = False) -> WeightRef | None:
+    def weight(self, name: str, shape: tuple[int, ...], optional: bool = False) -> WeightRef | None:
+        """The checkpoint tensor `name`, which must have the shape the config implies."""
         if name not in self.weight_shapes:
             if optional:
                 return None
-            raise KeyError(name)
+            raise KeyError(f"tensor {name} is missing")
+        if tuple(self.weight_shapes[name]) != tuple(shape):
+            raise KeyError(f"tensor {name} has shape {tuple(self.weight_shapes[name])}, the config implies {tuple(shape)}")
         return WeightRef.single(name, self.weight_shapes[name])
 
     def add(self, name: str, op: str, inputs: list[str], outputs: list[str] | None = None,
@@ -38,35 +41,39 @@ class GraphBuilder:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def rms_norm(g: GraphBuilder, name: str, x: str, eps: float) -> str:
-    return g.add(name, "rms_norm", [x], weights=[g.weight(f"{name}.weight")], eps=eps, weight_offset=0.0)
+def rms_norm(g: GraphBuilder, name: str, x: str, eps: float, width: int) -> str:
+    return g.add(name, "rms_norm", [x], weights=[g.weight(f"{name}.weight", (width,))], eps=eps,
+                 weight_offset=0.0)
 
 
-def linear(g: GraphBuilder, name: str, x: str, bias: bool) -> str:
-    return g.add(name, "linear", [x], weights=[g.weight(f"{name}.weight"),
-                                               g.weight(f"{name}.bias", optional=not bias)])
+def linear(g: GraphBuilder, name: str, x: str, out_features: int, in_features: int, bias: bool) -> str:
+    return g.add(name, "linear", [x], weights=[
+        g.weight(f"{name}.weight", (out_features, in_features)),
+        g.weight(f"{name}.bias", (out_features,), optional=not bias)])
 
 
 def attention_block(g: GraphBuilder, cfg: ModelConfig, layer: int, x: str, rope_attrs: dict) -> str:
     p = f"model.layers.{layer}.self_attn"
-    q = linear(g, f"{p}.q_proj", x, cfg.attention_bias)
-    k = linear(g, f"{p}.k_proj", x, cfg.attention_bias)
-    v = linear(g, f"{p}.v_proj", x, cfg.attention_bias)
+    hidden, d = cfg.hidden_size, cfg.head_dim
+    q = linear(g, f"{p}.q_proj", x, cfg.num_attention_heads * d, hidden, cfg.attention_bias)
+    k = linear(g, f"{p}.k_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias)
+    v = linear(g, f"{p}.v_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias)
     heads = dict(num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                  head_dim=cfg.head_dim)
     q, k = g.add(f"{p}.rotary_emb", "rope", [q, k], [f"{p}.q_rot", f"{p}.k_rot"],
-                 [g.weight(INV_FREQ)], **heads, **rope_attrs)
+                 [g.weight(INV_FREQ, g.weight_shapes[INV_FREQ])], **heads, **rope_attrs)
     o = g.add(f"{p}.attn", "attention", [q, k, v], layer=layer, scale=cfg.head_dim ** -0.5,
               sliding_window=cfg.sliding_windows[layer] if cfg.sliding_windows else 0, **heads)
-    return linear(g, f"{p}.o_proj", o, cfg.o_proj_bias)
+    return linear(g, f"{p}.o_proj", o, hidden, cfg.num_attention_heads * d, cfg.o_proj_bias)
 
 
 def gated_mlp(g: GraphBuilder, cfg: ModelConfig, layer: int, x: str) -> str:
     p = f"model.layers.{layer}.mlp"
-    gate = linear(g, f"{p}.gate_proj", x, cfg.mlp_bias)
-    up = linear(g, f"{p}.up_proj", x, cfg.mlp_bias)
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    gate = linear(g, f"{p}.gate_proj", x, inter, hidden, cfg.mlp_bias)
+    up = linear(g, f"{p}.up_proj", x, inter, hidden, cfg.mlp_bias)
     h = g.add(f"{p}.act_fn", "silu_mul", [gate, up])
-    return linear(g, f"{p}.down_proj", h, cfg.mlp_bias)
+    return linear(g, f"{p}.down_proj", h, hidden, inter, cfg.mlp_bias)
 
 
 def decoder_graph(cfg: ModelConfig, weight_shapes: dict) -> Graph:
@@ -75,18 +82,20 @@ def decoder_graph(cfg: ModelConfig, weight_shapes: dict) -> Graph:
     shapes = dict(weight_shapes, **{INV_FREQ: tuple(inv_freq.shape)})
     g = GraphBuilder(shapes)
     rope_attrs = dict(rotary_dim=rotary_dim, attention_scaling=scaling)
-    x = g.add("model.embed_tokens", "embedding", [], weights=[g.weight("model.embed_tokens.weight")])
+    vocab, hidden = cfg.vocab_size, cfg.hidden_size
+    x = g.add("model.embed_tokens", "embedding", [],
+              weights=[g.weight("model.embed_tokens.weight", (vocab, hidden))])
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        h = rms_norm(g, f"{p}.input_layernorm", x, cfg.rms_norm_eps)
+        h = rms_norm(g, f"{p}.input_layernorm", x, cfg.rms_norm_eps, hidden)
         a = attention_block(g, cfg, i, h, rope_attrs)
         x = g.add(f"{p}.attn_residual", "add", [a, x])
-        h = rms_norm(g, f"{p}.post_attention_layernorm", x, cfg.rms_norm_eps)
+        h = rms_norm(g, f"{p}.post_attention_layernorm", x, cfg.rms_norm_eps, hidden)
         m = gated_mlp(g, cfg, i, h)
         x = g.add(f"{p}.mlp_residual", "add", [m, x])
     # Only the rows whose logits are wanted go through the final norm and lm_head.
     x = g.add("model.logits_rows", "gather_rows", [x])
-    x = rms_norm(g, "model.norm", x, cfg.rms_norm_eps)
+    x = rms_norm(g, "model.norm", x, cfg.rms_norm_eps, hidden)
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    logits = g.add("lm_head", "linear", [x], weights=[g.weight(head)])
+    logits = g.add("lm_head", "linear", [x], weights=[g.weight(head, (vocab, hidden))])
     return verify(Graph(tuple(g.nodes), logits, constants={INV_FREQ: inv_freq}, weight_shapes=shapes))

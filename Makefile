@@ -1,0 +1,31 @@
+# Bessemer: the commands a newcomer runs.
+#   make demo   set everything up, fetch SmolLM2, build an engine, generate text
+#   make test   set everything up and run the test suite (what CI runs)
+PYTHON ?= python3
+ENGINES ?= engines
+MODEL_DIR = $(shell $(PYTHON) -m bessemer.fixtures.smollm2 2>/dev/null | tail -n 1)
+
+.PHONY: install model demo test bench clean
+
+install:
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q pybind11 setuptools wheel
+	$(PYTHON) -m pip install -q --no-build-isolation -e ".[test]"
+
+model: install
+	$(PYTHON) -m bessemer.fixtures.smollm2
+
+demo: model
+	build-engine "$(MODEL_DIR)" --output $(ENGINES)/smollm2-bf16 --dtype bfloat16 --max-seq-len 2048
+	run-engine $(ENGINES)/smollm2-bf16 --chat --max-new-tokens 64 \
+		--prompt "What is the capital of France?" \
+		--prompt "Write a haiku about a steel mill."
+
+test: install
+	$(PYTHON) -m pytest -q tests
+
+bench: model
+	$(PYTHON) bench/decode.py --model "$(MODEL_DIR)" --out bench/results
+
+clean:
+	rm -rf build *.egg-info bessemer/_C*.so $(ENGINES)

@@ -1,0 +1,59 @@
+"""build-engine MODEL_DIR --output ENGINE_DIR [options]: parse flags, call build_engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bessemer.cli.common import Progress, fail, user_errors
+
+OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
+
+
+def _load_yaml(path: str) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        fail(f"{path} is not valid YAML ({str(e).splitlines()[0]}); fix the file")
+    if not isinstance(data, dict):
+        fail(f"{path} must hold a mapping of build options (e.g. `dtype: bfloat16`)")
+    known = set(OPTION_FLAGS) | {"output", "dump_ir"}
+    options = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        fail(f"{path}: unknown option {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    return options
+
+
+@click.command(name="build-engine", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model_dir", type=click.Path(path_type=str))
+@click.option("--output", "-o", type=click.Path(path_type=str), help="Engine directory to write.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Weight (and KV cache) dtype. [default: float32]")
+@click.option("--max-seq-len", type=int, help="Longest prompt+output a request may have. [default: min(model, 4096)]")
+@click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
+@click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
+@click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
+@click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
+@click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@user_errors
+def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, dump_ir,
+         config_file, quiet):
+    """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    options = _load_yaml(config_file) if config_file else {}
+    flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, output=output, dump_ir=dump_ir)
+    options.update({k: v for k, v in flags.items() if v is not None})
+    output = options.pop("output", None)
+    dump_ir = options.pop("dump_ir", None)
+    if not output:
+        fail("no output directory given; pass --output ENGINE_DIR")
+    build = BuildConfig(**options)
+    path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet))
+    click.echo(str(path))

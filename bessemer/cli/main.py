@@ -1,0 +1,32 @@
+"""`bessemer` command group: build, run, inspect."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from bessemer.cli import build, run
+from bessemer.cli.common import user_errors
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bessemer")
+def main():
+    """Bessemer: ahead-of-time LLM engines for the CPU."""
+
+
+main.add_command(build.main, name="build")
+main.add_command(run.main, name="run")
+
+
+@main.command()
+@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@user_errors
+def inspect(engine_dir, as_json):
+    """Show an engine's config, versions, sizes, plan and kernels."""
+    from bessemer.runtime.inspect import describe, format_description
+
+    info = describe(engine_dir)
+    click.echo(json.dumps(info, indent=2) if as_json else format_description(info))

@@ -1,0 +1,82 @@
+"""run-engine ENGINE_DIR (--prompt TEXT ... | --input-file FILE): parse flags, call LLM.generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from bessemer.cli.common import Progress, fail, user_errors
+
+
+def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]:
+    if bool(prompts) == bool(input_file):
+        fail("give either --prompt TEXT (repeatable) or --input-file FILE (one prompt per line)")
+    if input_file:
+        path = Path(input_file)
+        if not path.exists():
+            fail(f"input file {path} does not exist; pass a text file with one prompt per line")
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if not lines:
+            fail(f"input file {path} holds no prompts; put one prompt per line")
+        return lines
+    return list(prompts)
+
+
+@click.command(name="run-engine", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.option("--prompt", "prompts", multiple=True, help="Prompt text; repeat for a batch.")
+@click.option("--input-file", type=click.Path(path_type=str), help="File with one prompt per line.")
+@click.option("--chat", is_flag=True, help="Wrap each prompt as a user message in the chat template.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--stream", is_flag=True, help="Print text as it is generated (one prompt at a time).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt on stdout.")
+@click.option("--threads", type=int, default=None, help="Worker threads. [default: all cores]")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@user_errors
+def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,
+         ignore_eos, stream, as_json, threads, quiet):
+    """Generate text with a Bessemer engine."""
+    from bessemer.runtime.llm import LLM, SamplingParams
+
+    texts = _read_prompts(prompts, input_file)
+    if threads is not None and threads <= 0:
+        fail(f"--threads must be a positive integer, got {threads}")
+    progress = Progress(quiet)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed, ignore_eos=ignore_eos)
+    progress(f"loading engine {engine_dir}")
+    llm = LLM(engine_dir, num_threads=threads)
+    progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
+    if chat:
+        token_ids = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    else:
+        token_ids = [llm.tokenizer.encode(t) for t in texts]
+    if stream and not as_json:
+        outputs = []
+        for text, ids in zip(texts, token_ids):  # one at a time so streams do not interleave
+            outputs += llm.generate([ids], params, on_delta=lambda i, d: click.echo(d, nl=False))
+            click.echo("")
+    else:
+        outputs = llm.generate(token_ids, params)
+    for text, out in zip(texts, outputs):
+        if as_json:
+            m = out.metrics
+            n = len(out.token_ids)
+            span = (m["last_token_time"] or 0) - (m["first_token_time"] or 0)
+            click.echo(json.dumps({
+                "prompt": text, "text": out.text, "token_ids": out.token_ids,
+                "num_prompt_tokens": len(out.prompt_token_ids),
+                "finish_reason": out.finish_reason,
+                "ttft_s": round(m["first_token_time"] - m["arrival_time"], 6),
+                "decode_tok_s": round((n - 1) / span, 3) if n > 1 and span > 0 else None}))
+        elif not stream:
+            click.echo(f"{text}{out.text}" if not chat else out.text)
+            if len(outputs) > 1:
+                click.echo("-" * 40)

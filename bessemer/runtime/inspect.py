@@ -1,0 +1,58 @@
+"""What `bessemer inspect` shows: read from config.json and the rank headers only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from bessemer.builder.engine_format import read_rank_header
+from bessemer.runtime.engine import Engine
+
+
+def describe(engine_dir: str | Path) -> dict:
+    d = Path(engine_dir)
+    config = Engine.read_config(d)
+    ranks = []
+    for entry in config["ranks"]:
+        major, minor, header, data_offset = read_rank_header(d / entry["file"])
+        plan = header["plan"]
+        by_dtype = Counter()
+        for t in header["tensors"]:
+            by_dtype[t["dtype"]] += t["nbytes"]
+        ranks.append({
+            "file": entry["file"], "size_bytes": entry["size"], "sha256": entry["sha256"],
+            "format": f"{major}.{minor}", "num_tensors": len(header["tensors"]),
+            "num_kernel_calls": len(plan["steps"]), "num_buffers": len(plan["buffers"]),
+            "kernel_calls": dict(Counter(f"{s['op']}@{s['version']}" for s in plan["steps"])),
+            "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
+        })
+    report = d / "build_report.json"
+    return {"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
+            "target": config["target"], "isa_baseline": config.get("isa_baseline"),
+            "model": config["model"], "build": config["build"], "quant": config["quant"],
+            "mapping": config["mapping"], "plugins": config["plugins"], "passes": config.get("passes", []),
+            "ranks": ranks, "build_report": str(report) if report.exists() else None}
+
+
+def format_description(info: dict) -> str:
+    m, b = info["model"], info["build"]
+    lines = [
+        f"engine        {info['engine']}",
+        f"format        {info['format']['major']}.{info['format']['minor']} (bessemer {info['bessemer_version']})",
+        f"target        {info['target']} (ISA baseline {info['isa_baseline']})",
+        f"model         {m['architecture']}: {m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
+        f"heads {m['num_attention_heads']}/{m['num_key_value_heads']} x {m['head_dim']}, vocab {m['vocab_size']}, "
+        f"rope {m['rope_parameters'].get('rope_type')}, tied embeddings {m['tie_word_embeddings']}",
+        f"build         dtype {b['dtype']}, kv cache {b['kv_cache_dtype'] or b['dtype']}, max_seq_len {b['max_seq_len']}, "
+        f"max_batch_size {b['max_batch_size']}, max_num_tokens {b['max_num_tokens']}, kv_block_size {b['kv_block_size']}",
+        f"quantization  {info['quant'] or 'none'}",
+        f"mapping       tp {info['mapping']['tp_size']}, pp {info['mapping']['pp_size']}",
+        f"passes        {', '.join(info['passes']) or 'none'}",
+        f"plugins       {', '.join(info['plugins'])}",
+    ]
+    for r in info["ranks"]:
+        lines.append(f"rank file     {r['file']}: {r['size_bytes'] / 2**20:.1f} MiB, format {r['format']}, "
+                     f"{r['num_tensors']} tensors, {r['num_kernel_calls']} kernel calls, {r['num_buffers']} buffers")
+        lines.append("  kernels     " + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernel_calls"].items())))
+        lines.append(f"  sha256      {r['sha256']}")
+    return "\n".join(lines)

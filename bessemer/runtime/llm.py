@@ -1,0 +1,307 @@
+"""LLM: the public Python API, in the style of vLLM.
+
+    llm = LLM("engines/smollm2")
+    out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=32, temperature=0))
+    out[0].text, out[0].token_ids
+
+The loop is scheduler.schedule() -> run_step(...) -> postprocess (sampling, stop checks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence as Seq
+
+import numpy as np
+
+from bessemer.errors import InvalidOptionError, RequestError
+from bessemer.runtime.engine import Engine
+from bessemer.runtime.kv_cache import BlockManager, blocks_needed
+from bessemer.runtime.model_runner import run_step
+from bessemer.runtime.sampler import sample, top_logprobs
+from bessemer.runtime.scheduler import ScheduledChunk, Scheduler, Sequence
+from bessemer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+
+DEFAULT_KV_CACHE_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = all tokens
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-k logprobs per generated token
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidOptionError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise InvalidOptionError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise InvalidOptionError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidOptionError(f"logprobs must be >= 0, got {self.logprobs}")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    metrics: dict = field(default_factory=dict)  # arrival/first/last token times (perf_counter)
+
+    # vLLM keeps results under .outputs; the common single-sample case reads them directly.
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def logprobs(self):
+        return self.outputs[0].logprobs
+
+    @property
+    def finish_reason(self):
+        return self.outputs[0].finish_reason
+
+
+def _default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class LLM:
+    def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
+                 kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
+                 seed: int = 0):
+        self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
+        build = self.engine.build
+        self.max_seq_len = int(build["max_seq_len"])
+        self.max_num_tokens = int(build["max_num_tokens"])
+        self.max_batch_size = int(build["max_batch_size"])
+        self.block_size = int(build["kv_block_size"])
+        self.num_threads = num_threads or _default_threads()
+        # Enough blocks for a full batch of full-length sequences, capped by the memory
+        # budget, but never fewer than one full-length sequence needs.
+        per_block = self.engine.kv_bytes_per_token() * self.block_size
+        budget = int((kv_cache_gib if kv_cache_gib is not None else DEFAULT_KV_CACHE_GIB) * 2**30)
+        one_seq = blocks_needed(self.max_seq_len, self.block_size)
+        self.num_kv_blocks = max(one_seq, min(one_seq * self.max_batch_size, budget // per_block))
+        self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
+        self.blocks = BlockManager(self.num_kv_blocks, self.block_size)
+        self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
+        self._tokenizer: Tokenizer | None = None
+        self._eos_ids = self._find_eos_ids()
+        self._seed = seed
+        self._next_id = 0
+        self.num_preemptions = 0  # over this LLM's lifetime (the pool is shared by calls)
+
+    # ---- tokenizer ----
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.engine.dir)
+        return self._tokenizer
+
+    def _find_eos_ids(self) -> set[int]:
+        ids = set(self.engine.model.get("eos_token_id") or [])
+        gen = self.engine.dir / "generation_config.json"
+        if gen.exists():
+            import json
+
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if (self.engine.dir / "tokenizer.json").exists() and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- requests ----
+    def _make_sequence(self, token_ids: list[int], params: SamplingParams) -> Sequence:
+        if not token_ids:
+            raise RequestError("the prompt is empty; give at least one token")
+        if len(token_ids) >= self.max_seq_len:
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens but the engine allows {self.max_seq_len} "
+                f"(prompt and output); shorten the prompt or rebuild with a larger --max-seq-len")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        seed = params.seed if params.seed is not None else self._seed + self._next_id
+        seq = Sequence(self._next_id, list(token_ids), len(token_ids), params,
+                       np.random.default_rng(seed), arrival_time=time.perf_counter())
+        self._next_id += 1
+        return seq
+
+    def _tokenize(self, prompts) -> list[tuple[str | None, list[int]]]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append((p, self.tokenizer.encode(p)))
+            else:
+                out.append((None, [int(t) for t in p]))
+        return out
+
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 on_delta: Callable[[int, str], None] | None = None) -> list[RequestOutput]:
+        """Generates for every prompt (text or token ids) as one batch; outputs in prompt order.
+        `on_delta(i, text)` receives each prompt's new text as it is produced (streaming)."""
+        items = self._tokenize(prompts)
+        params = sampling_params or SamplingParams()
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(items)
+        seqs = [self._make_sequence(ids, p) for (_, ids), p in zip(items, params_list)]
+        detoks = {s.seq_id: IncrementalDetokenizer(self.tokenizer) for s in seqs} if (
+            on_delta or any(p.stop_strings for p in params_list)) else {}
+        index_of = {s.seq_id: i for i, s in enumerate(seqs)}
+        texts: dict[int, str] = {}
+        scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
+        for s in seqs:
+            scheduler.add(s)
+        try:
+            while scheduler.has_work():
+                batch = scheduler.schedule()
+                logits = run_step(self.executor, batch)
+                self._postprocess(scheduler, batch, logits, detoks, texts, on_delta, index_of)
+        finally:
+            self.num_preemptions += scheduler.num_preemptions
+            for s in list(scheduler.running):  # an error mid-batch must not leak blocks
+                scheduler.finish(s, "abort")
+        return [self._output(s, text, texts) for s, (text, _) in zip(seqs, items)]
+
+    def _postprocess(self, scheduler: Scheduler, batch: list[ScheduledChunk], logits: np.ndarray,
+                     detoks, texts, on_delta, index_of) -> None:
+        now = time.perf_counter()
+        row = 0
+        for chunk in batch:
+            seq = chunk.seq
+            completes = chunk.completes
+            seq.num_computed += chunk.num_tokens
+            if not completes:
+                continue
+            params = seq.params
+            token = sample(logits[row], params.temperature, params.top_k, params.top_p, seq.rng)
+            if params.logprobs is not None:
+                seq.logprobs.append(top_logprobs(logits[row], token, params.logprobs))
+            row += 1
+            seq.token_ids.append(token)
+            seq.first_token_time = seq.first_token_time or now
+            seq.last_token_time = now
+            reason = self._stop_reason(seq, token)
+            if seq.seq_id in detoks:
+                out_ids = seq.output_token_ids
+                if reason == "stop" and out_ids and out_ids[-1] == token and self._is_stop_token(seq, token):
+                    out_ids = out_ids[:-1]
+                delta = detoks[seq.seq_id].update(out_ids)
+                text = detoks[seq.seq_id].text
+                for stop in params.stop_strings:
+                    cut = text.find(stop)
+                    if cut >= 0:
+                        delta = delta[: max(0, len(delta) - (len(text) - cut))]
+                        text, reason = text[:cut], "stop"
+                        break
+                texts[seq.seq_id] = text
+                if on_delta and delta:
+                    on_delta(index_of[seq.seq_id], delta)
+            if reason:
+                scheduler.finish(seq, reason)
+
+    def _is_stop_token(self, seq: Sequence, token: int) -> bool:
+        params = seq.params
+        return token in (params.stop_token_ids or ()) or (not params.ignore_eos and token in self._eos_ids)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if self._is_stop_token(seq, token):
+            return "stop"
+        if len(seq.output_token_ids) >= seq.params.max_tokens or len(seq.token_ids) >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, prompt: str | None, texts: dict) -> RequestOutput:
+        ids = seq.output_token_ids
+        text = texts.get(seq.seq_id)
+        if text is None:
+            text = self.tokenizer.decode(ids) if (self.engine.dir / "tokenizer.json").exists() else ""
+        completion = CompletionOutput(0, text, ids, seq.logprobs if seq.params.logprobs is not None else None,
+                                      seq.finish_reason)
+        metrics = {"arrival_time": seq.arrival_time, "first_token_time": seq.first_token_time,
+                   "last_token_time": seq.last_token_time}
+        return RequestOutput(seq.seq_id, prompt, seq.token_ids[:seq.num_prompt_tokens], [completion], metrics)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, on_delta=None) -> list[RequestOutput]:
+        """Applies the checkpoint's chat template to one conversation or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        ids = [self.tokenizer.encode_chat(c) for c in conversations]
+        return self.generate(ids, sampling_params, on_delta)
+
+    def score(self, token_ids: Seq[Seq[int]], num_prefill: int | None = None) -> list[np.ndarray]:
+        """Logits [len, vocab] at every position of each sequence, computed as the engine
+        serves: the first `num_prefill` tokens in one prefill (chunked by max_num_tokens),
+        each later token in its own decode step, all sequences batched together."""
+        seqs = [self._make_sequence(list(ids), SamplingParams()) for ids in token_ids]
+        for s in seqs:
+            s.num_prompt_tokens = len(s.token_ids)
+        results = {s.seq_id: [] for s in seqs}
+        active = list(seqs)
+        try:
+            while active:
+                batch = []
+                budget = self.max_num_tokens
+                for s in active[: self.max_batch_size]:
+                    limit = num_prefill if (num_prefill and s.num_computed < num_prefill) else (
+                        s.num_computed + 1 if num_prefill else len(s.token_ids))
+                    n = min(limit, len(s.token_ids)) - s.num_computed
+                    n = min(n, budget)
+                    if n <= 0:
+                        break
+                    if not self.blocks.can_allocate(s.block_table, s.num_computed + n):
+                        break
+                    self.blocks.allocate(s.block_table, s.num_computed + n)
+                    batch.append(ScheduledChunk(s, n))
+                    budget -= n
+                if not batch:
+                    raise RequestError("sequences do not fit in the KV cache; score fewer at once")
+                logits = run_step(self.executor, batch, all_logits=True)
+                row = 0
+                for c in batch:
+                    results[c.seq.seq_id].append(logits[row: row + c.num_tokens])
+                    row += c.num_tokens
+                    c.seq.num_computed += c.num_tokens
+                for s in [c.seq for c in batch if c.seq.num_computed == len(c.seq.token_ids)]:
+                    active.remove(s)
+                    self.blocks.free(s.block_table)
+        finally:
+            for s in active:
+                self.blocks.free(s.block_table)
+        return [np.concatenate(results[s.seq_id], axis=0) for s in seqs]

@@ -1,0 +1,34 @@
+"""Turns a scheduled batch into the executor's flat step inputs and runs one step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bessemer.runtime.scheduler import ScheduledChunk
+
+
+def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
+    """Runs one step; returns logits [L, vocab] for the last row of every chunk that
+    completes its sequence (or for every row when `all_logits`)."""
+    # token_ids, positions: (T,); cu_seqlens: (S+1,); block_tables: (S, max_blocks)
+    lengths = [c.num_tokens for c in batch]
+    cu = np.zeros(len(batch) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    tokens = np.empty(cu[-1], dtype=np.int32)
+    positions = np.empty(cu[-1], dtype=np.int32)
+    context = np.empty(len(batch), dtype=np.int32)
+    width = max(len(c.seq.block_table) for c in batch)
+    tables = np.full((len(batch), width), -1, dtype=np.int32)
+    selected = []
+    for s, c in enumerate(batch):
+        start, end = c.seq.num_computed, c.seq.num_computed + c.num_tokens
+        tokens[cu[s]:cu[s + 1]] = c.seq.token_ids[start:end]
+        positions[cu[s]:cu[s + 1]] = np.arange(start, end, dtype=np.int32)
+        context[s] = end
+        tables[s, :len(c.seq.block_table)] = c.seq.block_table
+        if all_logits:
+            selected.extend(range(cu[s], cu[s + 1]))
+        elif c.completes:
+            selected.append(cu[s + 1] - 1)
+    indices = np.asarray(selected, dtype=np.int32)
+    return executor.step(tokens, positions, cu, context, tables, indices)

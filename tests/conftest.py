@@ -1,0 +1,131 @@
+"""Shared fixtures: tiny random HF checkpoints per family, the real SmolLM2, built engines.
+
+Tiny models are made by transformers itself (the oracle), with norms and biases perturbed
+so that every weight matters, and saved with save_pretrained. Engines are built once per
+session through the public build_engine API.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+WIKITEXT = SHARED_DATA / "wikitext-2" / "valid.txt"
+
+TINY_BASE = dict(hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=250, max_position_embeddings=256,
+                 initializer_range=0.08, rms_norm_eps=1e-5)
+
+TINY_FAMILIES = {
+    "llama-untied": ("LlamaConfig", dict(tie_word_embeddings=False)),
+    "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "llama3-rope": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "mistral": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+}
+
+
+def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    config_cls, overrides = TINY_FAMILIES[kind]
+    config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"hf-{kind}"))
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_checkpoint, tmp_path_factory):
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    built: dict[tuple, Path] = {}
+
+    def get(kind: str, dtype: str = "float32", **options) -> Path:
+        key = (kind, dtype, tuple(sorted(options.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"engine-{kind}-{dtype}") / "engine"
+            build_engine(tiny_checkpoint(kind), out, BuildConfig(dtype=dtype, **options))
+            built[key] = out
+        return built[key]
+
+    return get
+
+
+def hf_logits(model_dir: Path, token_ids: list[int], dtype: str = "float32") -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = _hf_model(str(model_dir), dtype)
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float().numpy()
+
+
+_HF_CACHE: dict = {}
+
+
+def _hf_model(path: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    key = (path, dtype)
+    if key not in _HF_CACHE:
+        _HF_CACHE[key] = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation="eager").eval()
+    return _HF_CACHE[key]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from bessemer.fixtures.smollm2 import ensure_smollm2
+
+    return ensure_smollm2(progress=lambda msg: None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir, tmp_path_factory):
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    built: dict[str, Path] = {}
+
+    def get(dtype: str = "float32") -> Path:
+        if dtype not in built:
+            out = tmp_path_factory.mktemp(f"smollm2-{dtype}") / "engine"
+            build_engine(smollm2_dir, out, BuildConfig(dtype=dtype, max_seq_len=2048))
+            built[dtype] = out
+        return built[dtype]
+
+    return get
+
+
+def pytest_configure(config):
+    # Torch and the engine share the 2 cores; keep torch from oversubscribing them.
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
