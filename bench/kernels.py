@@ -1,0 +1,145 @@
+"""Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear.
+
+GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
+they come from DRAM, not from cache), next to the copy bandwidth of numpy.
+GEMM (M=512): GFLOP/s.
+
+Each measurement runs an engine whose plan is one embedding followed by R linear steps
+with distinct weight tensors; the time of a plan without the linear steps is subtracted.
+
+    python bench/kernels.py [--quick] [--isa auto|avx2|avx512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bessemer import _C  # noqa: E402
+from bessemer.builder.engine_format import TensorEntry, encode, write_rank_file  # noqa: E402
+
+
+def i32(x):
+    return np.ascontiguousarray(np.asarray(x, dtype=np.int32))
+
+
+def timeit(fn, min_time=0.4, min_iters=3):
+    fn()
+    n, t0 = 0, time.perf_counter()
+    best = float("inf")
+    while n < min_iters or time.perf_counter() - t0 < min_time:
+        s = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - s)
+        n += 1
+    return best
+
+
+def copy_bandwidth(nbytes=512 << 20):
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.empty_like(a)
+    t = timeit(lambda: np.copyto(b, a), min_time=1.0)
+    return 2 * nbytes / t / 1e9  # read + write
+
+
+def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
+    table = rng.standard_normal((64, K)).astype(np.float32)
+    weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
+    steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
+    for r in range(R):
+        steps.append({"op": "linear", "version": 1, "ins": [[0, 0, K]], "outs": [[1, 0, N]],
+                      "weights": [f"w{r}"], "attrs": {}})
+    plan = {"buffers": [{"id": 0, "width": K, "rows": "tokens"}, {"id": 1, "width": N, "rows": "tokens"}],
+            "steps": steps, "kv_cache": {"num_layers": 0, "num_kv_heads": 1, "head_dim": 1, "dtype": "float32"},
+            "logits": [0, 0, K], "vocab_size": K}
+    entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
+    for r in range(R):
+        w = weights[r % len(weights)]
+        entries.append(TensorEntry(f"w{r}", dtype, "panel16", (N, K), lambda w=w: encode(w, dtype, "panel16")))
+    path = dirpath / f"lin_{M}_{N}_{K}_{dtype}_{R}.engine"
+    write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
+    return path, weights
+
+
+def run_engine(path, M, threads, isa, with_linear=True):
+    f = _C.EngineFile(str(path))
+    hdr = json.loads(f.header)
+    plan = hdr["plan"]
+    if not with_linear:
+        plan = dict(plan, steps=plan["steps"][:1])
+    ex = _C.Executor(f, hdr["tensors"], plan, threads, 16, 1, isa)
+    tok = i32(np.arange(M) % 64)
+    args = (tok, i32(np.zeros(M)), i32([0, M]), i32([M]), i32(np.full((1, (M + 15) // 16), -1)), i32([0]))
+    for _ in range(2):
+        ex.step(*args)
+    return ex, timeit(lambda: ex.step(*args))
+
+
+def bench_linear(tmp, M, N, K, dtype, threads, isa, R, rng):
+    path, weights = make_engine(tmp, M, N, K, dtype, R, rng)
+    ex, t_all = run_engine(path, M, threads, isa)
+    _, t_base = run_engine(path, M, threads, isa, with_linear=False)
+    t = max(t_all - t_base, 1e-9) / R
+    # torch with the same number of distinct weight matrices cycling (same cache behaviour).
+    torch.set_num_threads(threads)
+    tw = [torch.from_numpy(np.ascontiguousarray(weights[r % len(weights)])).clone() for r in range(R)]
+    if dtype == "bfloat16":
+        tw = [w.to(torch.bfloat16) for w in tw]
+    x = torch.randn(M, K, dtype=tw[0].dtype)
+
+    def torch_run():
+        for w in tw:
+            torch.nn.functional.linear(x, w)
+
+    with torch.no_grad():
+        tt = timeit(torch_run) / R
+    path.unlink()
+    return ex.isa, t, tt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--isa", default="auto")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    bw = copy_bandwidth()
+    print(f"numpy copy bandwidth (read+write): {bw:.1f} GB/s")
+    print(f"cpu: {_C.cpu_features()}")
+    with tempfile.TemporaryDirectory(dir=Path.cwd()) as d:
+        tmp = Path(d)
+        print("\nGEMV M=1 (weights from DRAM)")
+        print(f"{'N':>6} {'K':>5} {'dtype':>9} {'thr':>3} {'isa':>6} {'bessemer GB/s':>14} {'us':>8} {'torch GB/s':>11} {'us':>8}")
+        for N, K in [(1536, 576), (49152, 576)]:
+            for dtype in ["float32", "bfloat16"]:
+                esz = 4 if dtype == "float32" else 2
+                nbytes = N * K * esz
+                R = max(2, int(np.ceil(160e6 / nbytes)))
+                for threads in (1, 2):
+                    isa, t, tt = bench_linear(tmp, 1, N, K, dtype, threads, args.isa, R, rng)
+                    print(f"{N:6d} {K:5d} {dtype:>9} {threads:3d} {isa:>6} {nbytes / t / 1e9:14.1f} {t * 1e6:8.1f}"
+                          f" {nbytes / tt / 1e9:11.1f} {tt * 1e6:8.1f}")
+        print("\nGEMM M=512")
+        print(f"{'N':>6} {'K':>5} {'dtype':>9} {'thr':>3} {'isa':>6} {'bessemer GF/s':>14} {'ms':>8} {'torch GF/s':>11} {'ms':>8}")
+        shapes = [(1536, 576)] if args.quick else [(1536, 576), (4096, 1024), (49152, 576)]
+        for N, K in shapes:
+            for dtype in ["float32", "bfloat16"]:
+                for threads in (1, 2):
+                    M = 512
+                    R = 2 if N * K > 10e6 else 4
+                    isa, t, tt = bench_linear(tmp, M, N, K, dtype, threads, args.isa, R, rng)
+                    fl = 2 * M * N * K
+                    print(f"{N:6d} {K:5d} {dtype:>9} {threads:3d} {isa:>6} {fl / t / 1e9:14.1f} {t * 1e3:8.2f}"
+                          f" {fl / tt / 1e9:11.1f} {tt * 1e3:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+// Kernel interface shared by the executor (runtime/csrc) and the kernels (plugins/csrc).
+//
+// A plan step is resolved once, at load time, to a KernelDef (op@version). Its `prepare`
+// checks the step (views, weights, attrs) against the plan and stores what `run` needs in
+// the KernelCall's numeric slots; it throws std::invalid_argument (-> ValueError) on any
+// problem. `run` executes the step for one Executor.step() call; it never throws and never
+// allocates (per-thread scratch comes from the StepContext).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bessemer {
+
+enum class Isa : int { AVX2 = 0, AVX512 = 1 };
+
+// Stable ids from builder/engine_format.py.
+enum DType : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I8 = 3, DT_U8 = 4, DT_I32 = 5,
+                   DT_F8E4M3 = 6, DT_I4 = 7 };
+enum Layout : int { LAYOUT_ROW_MAJOR = 0, LAYOUT_PANEL16 = 1 };
+enum RowKind : int { ROWS_TOKENS = 0, ROWS_SELECTED = 1 };
+
+const char* dtype_name(int dtype);
+const char* layout_name(int layout);
+
+struct TensorRef {
+    std::string name;
+    int dtype = 0;
+    int layout = 0;
+    std::vector<int64_t> shape;
+    const void* data = nullptr;
+    int64_t nbytes = 0;
+};
+
+struct ViewRef {
+    int buf = 0, col = 0, width = 0;
+};
+
+struct BufferInfo {
+    int width = 0;
+    RowKind rows = ROWS_TOKENS;
+    bool defined = false;
+};
+
+// Static facts about the plan that kernels validate against.
+struct PlanInfo {
+    std::vector<BufferInfo> buffers;  // indexed by buffer id
+    int kv_layers = 0, kv_heads = 0, head_dim = 0;
+    int kv_dtype = DT_F32;
+    int vocab_size = 0;
+};
+
+struct KernelCall {
+    std::string op;
+    int version = 0;
+    std::string node;
+    std::vector<ViewRef> ins, outs;
+    std::vector<const TensorRef*> weights;
+    std::map<std::string, double> attrs;
+    // Filled by prepare:
+    RowKind rows = ROWS_TOKENS;  // row count the kernel runs over
+    int64_t iv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double fv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+};
+
+struct StepContext {
+    int T = 0, S = 0, L = 0, B = 0;
+    const int32_t* token_ids = nullptr;
+    const int32_t* positions = nullptr;
+    const int32_t* cu_seqlens = nullptr;
+    const int32_t* context_lens = nullptr;
+    const int32_t* block_tables = nullptr;  // [S, B]
+    const int32_t* logits_indices = nullptr;
+    const int32_t* seq_of_row = nullptr;    // [T]
+    float* const* buf = nullptr;            // by buffer id
+    const int* buf_width = nullptr;         // by buffer id
+    int nthreads = 1;
+    Isa isa = Isa::AVX2;
+    // Paged KV cache.
+    int kv_dtype = DT_F32;
+    int block_size = 0, num_blocks = 0;
+    void* const* k_cache = nullptr;  // per layer
+    void* const* v_cache = nullptr;
+    // Per-thread fp32 scratch (>= scratch_floats each, 64-byte aligned); at least
+    // attention_scratch_floats(max(context_lens), max num_heads, head_dim).
+    float* const* scratch = nullptr;
+    int64_t scratch_floats = 0;
+    // Shared int32 workspace for the step (iwork_len >= 4 * (S + 1) + T + 64 entries).
+    int32_t* iwork = nullptr;
+    int64_t iwork_len = 0;
+    // Shared fp32 workspace (attention split-K partials), fwork_len floats; may be null.
+    float* fwork = nullptr;
+    int64_t fwork_len = 0;
+
+    int rows(RowKind k) const { return k == ROWS_TOKENS ? T : L; }
+    float* ptr(const ViewRef& v) const { return buf[v.buf] + v.col; }
+    int64_t ld(const ViewRef& v) const { return buf_width[v.buf]; }
+};
+
+using PrepareFn = void (*)(KernelCall&, const PlanInfo&);
+using RunFn = void (*)(const KernelCall&, const StepContext&);
+
+struct KernelDef {
+    const char* op;
+    int version;
+    PrepareFn prepare;
+    RunFn run;
+};
+
+// attention.cpp: per-thread scratch attention needs for a step.
+int64_t attention_scratch_floats(int64_t max_ctx, int max_heads, int head_dim);
+
+// registry.cpp
+const KernelDef* find_kernel(const std::string& op, int version);
+std::string supported_kernels();  // "add@1, attention@1, ..."
+
+// ---- helpers for prepare functions (registry.cpp) ----
+[[noreturn]] void kernel_error(const KernelCall& c, const std::string& msg);
+void expect_arity(const KernelCall& c, size_t nin, size_t nout, size_t nw_min, size_t nw_max);
+// All views of the call share one row kind (returned); stores it in c.rows.
+RowKind same_rows(KernelCall& c, const PlanInfo& p);
+RowKind view_rows(const KernelCall& c, const PlanInfo& p, const ViewRef& v);
+void expect_width(const KernelCall& c, const ViewRef& v, int width, const char* what);
+double attr(const KernelCall& c, const char* name);                  // required
+double attr_or(const KernelCall& c, const char* name, double dflt);  // optional
+int64_t attr_int(const KernelCall& c, const char* name);             // required, integral
+void expect_weight(const KernelCall& c, size_t i, std::initializer_list<int> dtypes,
+                   std::initializer_list<int> layouts, std::vector<int64_t> shape);
+bool views_overlap(const ViewRef& a, const ViewRef& b);
+
+}  // namespace bessemer

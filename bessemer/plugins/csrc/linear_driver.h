@@ -1,0 +1,111 @@
+// Blocking/threading driver shared by the AVX2 (linear.cpp) and AVX-512 (linear_avx512.cpp)
+// linear kernels. Included by both; everything here has internal linkage and uses no C++
+// standard library, so each file gets its own copy compiled for its own ISA.
+//
+// Scheme (GotoBLAS-like, without packing: panel16 weights are already "packed"):
+//   * threads split the panel groups (NR panels = NR*16 outputs each) statically, so each
+//     thread streams a disjoint slice of the weights; when there are too few groups for an
+//     even split and many rows, threads split the rows instead;
+//   * a thread walks row blocks of Mc rows, then K blocks of kc, then its panel groups, then
+//     MR-row chunks: the x block (Mc x kc) stays in L2 while every group of the thread uses
+//     it, and a group's weights (kc x NR*16) stay in L1/L2 across the MR-row chunks;
+//   * GEMV (M <= MR): one row block and one K block; each weight byte is read exactly once.
+#pragma once
+
+#include <omp.h>
+#include <stdint.h>
+
+namespace bessemer {
+namespace {
+
+struct UkArgs {
+    int kc;
+    const float* x;
+    int64_t ldx;
+    const char* w;    // panel p0 at k0
+    int64_t pstride;  // bytes between panels
+    float* y;         // row m0, column 16*p0
+    int64_t ldy;
+    bool accumulate;
+    const float* bias;  // bias + 16*p0, or null
+    int ncols;          // valid columns in this group (<= NR*16)
+};
+
+using UkFn = void (*)(const UkArgs&);
+
+inline int drv_min(int a, int b) { return a < b ? a : b; }
+inline int drv_max(int a, int b) { return a > b ? a : b; }
+
+// table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR
+inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int esz, int N, int K,
+                         const float* bias, float* y, int64_t ldy, int nthreads, int MR, int NR,
+                         const UkFn* table, int tstride) {
+    const int P = (N + 15) / 16;
+    const int64_t pstride = int64_t(K) * 16 * esz;
+    const bool gemv = M <= MR;
+    // GEMV is memory bound: prefer a panel-group width that splits evenly over threads
+    // (e.g. N=576: 9 groups of 4 panels -> 12 groups of 3).
+    if (gemv && nthreads > 1)
+        for (int nr = NR; nr >= 1; --nr) {
+            const int g = (P + nr - 1) / nr;
+            if (g % nthreads == 0 || g >= 8 * nthreads) {
+                NR = nr;
+                break;
+            }
+        }
+    const int G = (P + NR - 1) / NR;
+    const int nkb = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
+    const int kc = (K + nkb - 1) / nkb;
+    // Row block: x block of about 384 KiB (L2), a multiple of MR.
+    const int Mc = drv_max(MR, (384 * 1024 / 4) / kc / MR * MR);
+    const bool par = nthreads > 1 && double(M) * N * K >= 2e5 && (G > 1 || M > MR);
+    const int T = par ? nthreads : 1;
+    // Thread grid: split groups, or rows when groups split unevenly and rows are plentiful.
+    bool split_rows = false;
+    if (T > 1) {
+        if (G < T) split_rows = M >= 2 * MR * T;
+        else if (G % T != 0 && G < 8 * T) split_rows = M >= 4 * MR * T;
+    }
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        const int tid = T > 1 ? omp_get_thread_num() : 0;
+        int ga = 0, gb = G, ma = 0, mb = M;
+        if (T > 1) {
+            if (split_rows) {
+                const int chunks = (M + MR - 1) / MR;
+                ma = drv_min(M, int(int64_t(chunks) * tid / T) * MR);
+                mb = drv_min(M, int(int64_t(chunks) * (tid + 1) / T) * MR);
+            } else {
+                ga = int(int64_t(G) * tid / T);
+                gb = int(int64_t(G) * (tid + 1) / T);
+            }
+        }
+        UkArgs a;
+        a.ldx = ldx;
+        a.pstride = pstride;
+        a.ldy = ldy;
+        for (int m_blk = ma; m_blk < mb; m_blk += Mc) {
+            const int m_end = drv_min(mb, m_blk + Mc);
+            for (int kb = 0; kb < nkb; ++kb) {
+                const int k0 = kb * kc, kcur = drv_min(kc, K - k0);
+                a.kc = kcur;
+                a.accumulate = kb > 0;
+                for (int g = ga; g < gb; ++g) {
+                    const int p0 = g * NR, nr = drv_min(NR, P - p0);
+                    a.ncols = drv_min(N - 16 * p0, nr * 16);
+                    a.w = static_cast<const char*>(w) + (int64_t(p0) * K + k0) * 16 * esz;
+                    a.bias = (bias && kb == nkb - 1) ? bias + 16 * p0 : nullptr;
+                    for (int m0 = m_blk; m0 < m_end; m0 += MR) {
+                        const int mr = drv_min(MR, m_end - m0);
+                        a.x = x + m0 * ldx + k0;
+                        a.y = y + m0 * ldy + 16 * p0;
+                        table[mr * tstride + nr](a);
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace bessemer

@@ -1,0 +1,114 @@
+// Executor: runs an ExecutionPlan (builder/plan.py) over a mmapped rank file.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine_file.h"
+#include "kernel_api.h"
+
+namespace bessemer {
+
+namespace py = pybind11;
+
+// 64-byte aligned heap block that only grows (contents are not preserved on growth).
+class AlignedBuf {
+   public:
+    AlignedBuf() = default;
+    AlignedBuf(const AlignedBuf&) = delete;
+    AlignedBuf& operator=(const AlignedBuf&) = delete;
+    AlignedBuf(AlignedBuf&& o) noexcept : p_(o.p_), cap_(o.cap_) { o.p_ = nullptr; o.cap_ = 0; }
+    ~AlignedBuf();
+    void ensure(size_t bytes);
+    void* get() const { return p_; }
+    size_t capacity() const { return cap_; }
+
+   private:
+    void* p_ = nullptr;
+    size_t cap_ = 0;
+};
+
+struct CpuFeatures {
+    bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_vnni;
+};
+CpuFeatures detect_cpu_features();
+
+class Executor {
+   public:
+    Executor(std::shared_ptr<EngineFile> file, const py::object& tensors, const py::dict& plan,
+             int num_threads, int kv_block_size, int num_kv_blocks, const std::string& isa);
+
+    py::array_t<float> step(const py::object& token_ids, const py::object& positions,
+                            const py::object& cu_seqlens, const py::object& context_lens,
+                            const py::object& block_tables, const py::object& logits_indices);
+
+    std::string isa() const { return isa_ == Isa::AVX512 ? "avx512" : "avx2"; }
+    int num_threads() const { return num_threads_; }
+    int num_kv_blocks() const { return num_kv_blocks_; }
+    int kv_block_size() const { return kv_block_size_; }
+    int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+    std::vector<std::string> kernels() const;
+    // Optional per-op timing (off by default): op -> (calls, seconds) since enabled.
+    void set_profiling(bool on);
+    bool profiling() const { return profiling_; }
+    py::dict profile_stats();
+
+   private:
+    void load_tensors(const py::object& tensors);
+    void load_plan(const py::dict& plan);
+    ViewRef parse_view(const py::handle& h, const char* where) const;
+    void allocate_kv_cache();
+    void run_steps(int T, int S, int L, int B, const int32_t* tok, const int32_t* pos,
+                   const int32_t* cu, const int32_t* ctxl, const int32_t* bt, const int32_t* li,
+                   int max_ctx, float* logits_out);
+
+    std::shared_ptr<EngineFile> file_;
+    Isa isa_ = Isa::AVX2;
+    int num_threads_ = 1, kv_block_size_ = 0, num_kv_blocks_ = 0;
+    int64_t kv_cache_bytes_ = 0;
+
+    std::vector<std::unique_ptr<TensorRef>> tensors_;
+    std::unordered_map<std::string, const TensorRef*> by_name_;
+
+    PlanInfo info_;
+    std::vector<KernelCall> calls_;
+    std::vector<const KernelDef*> defs_;
+    ViewRef logits_;
+    bool has_attention_ = false;
+    int64_t max_window_ = 0;     // 0: some attention layer has no window (reads from 0)
+    int64_t token_limit_ = 0;    // token ids must be < this (vocab, embedding tables)
+    int max_heads_ = 1, max_group_ = 1;  // over attention steps (scratch sizing)
+
+    // Activation buffers, by buffer id.
+    std::vector<AlignedBuf> bufs_;
+    std::vector<float*> buf_ptrs_;
+    std::vector<int> buf_width_;
+    // KV cache, per layer.
+    std::vector<AlignedBuf> k_cache_, v_cache_;
+    std::vector<void*> k_ptrs_, v_ptrs_;
+    // Per-thread scratch and per-step row -> sequence map.
+    std::vector<AlignedBuf> scratch_;
+    std::vector<float*> scratch_ptrs_;
+    std::vector<int32_t> seq_of_row_;
+    std::vector<int32_t> iwork_;
+    std::vector<float> fwork_;
+
+    struct ProfileEntry {
+        int64_t calls = 0;
+        double seconds = 0.0;
+    };
+    bool profiling_ = false;
+    std::map<std::string, ProfileEntry> profile_;
+
+    std::mutex mu_;  // one step at a time
+};
+
+}  // namespace bessemer

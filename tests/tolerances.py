@@ -1,0 +1,42 @@
+"""Named numeric tolerances for the C++ kernel tests (tests/test_kernels.py).
+
+Errors are measured against float64 NumPy references. "Norm-relative" means
+max|out - ref| <= RTOL * max|ref| + ATOL over the whole output.
+"""
+
+# linear@1 with fp32 weights (fp32 FMA accumulation over K terms).
+FP32_LINEAR_RTOL = 1e-5
+FP32_LINEAR_ATOL = 1e-6
+# linear@1 with bf16 weights, compared with the reference using the bf16-rounded weights in
+# fp32/fp64: only accumulation error remains, so as tight as fp32.
+BF16_LINEAR_RTOL = 1e-5
+BF16_LINEAR_ATOL = 1e-6
+# embedding@1, gather_rows@1, add@1: exact copies / one rounding.
+EXACT_ATOL = 0.0
+ELEMENTWISE_RTOL = 1e-6
+# rms_norm@1 / add_rms_norm@1 / silu_mul@1 (fp32 math, vector exp).
+NORM_RTOL = 1e-5
+SILU_RTOL = 1e-5
+# rope@1: fp32 angle, cos/sin correctly rounded, fp32 products.
+ROPE_ATOL = 2e-6
+# attention@1 with a float32 KV cache.
+ATTN_FP32_RTOL = 1e-5
+ATTN_FP32_ATOL = 1e-6
+# attention@1 with a bfloat16 KV cache: error vs the exact reference must stay within this
+# factor of the error of the reference computed with bf16-rounded K/V (plus ATTN_FP32_ATOL),
+# and the output must match that bf16-rounded reference to fp32 tolerance.
+ATTN_BF16_ERROR_FACTOR = 2.0
+
+# ---- whole-model tolerances (tests/test_models_tiny.py, test_smollm2.py, test_passes.py) ----
+# fp32 engine vs HF fp32 logits: max|engine - HF| <= ATOL + RTOL * max|HF| (both fp32, the
+# only differences are summation order and vector exp/cos).
+FP32_LOGITS_ATOL = 1e-4
+FP32_LOGITS_RTOL = 1e-4
+# bf16 engine (bf16 weights and KV cache, fp32 activations) vs HF fp32: its error may be at
+# most this factor times the error of HF run entirely in bfloat16 (DESIGN.md testing policy).
+BF16_ERROR_RATIO = 2.0
+# Reference interpreter (float64 NumPy) before/after passes and vs HF.
+INTERPRETER_ATOL = 1e-5
+# Perplexity on WikiText-2 text: fp32 engine vs HF fp32, and bf16 engine vs fp32 engine.
+FP32_PPL_REL_VS_HF = 1e-3
+BF16_PPL_REL = 1e-2
