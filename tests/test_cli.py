@@ -127,3 +127,17 @@ def test_killed_build_leaves_no_partial_engine(tiny_checkpoint, tmp_path):
     out = tmp_path / "engine"
     assert_clean_error(run("build-engine", str(src), "--output", str(out)), "does not match")
     assert not out.exists() and no_leftovers(tmp_path)
+
+
+def test_eval_json_and_reference(smollm2_dir, smollm2_engine):
+    from conftest import WIKITEXT
+
+    proc = run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", str(WIKITEXT),
+               "--context-len", "256", "--max-tokens", "768", "--reference", str(smollm2_dir), "--json",
+               "--threads", "2", check=True)
+    result = json.loads(proc.stdout)
+    assert result["scored_tokens"] == 3 * 255
+    assert 1 < result["perplexity"] < 100
+    assert abs(result["relative_difference"]) <= 1e-3  # fp32 engine vs HF fp32, same protocol
+    assert_clean_error(run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", "/nonexistent"),
+                       "does not exist")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from bessemer.runtime.evaluate import perplexity, windows
 from bessemer.runtime.llm import LLM, SamplingParams
 from conftest import WIKITEXT, _hf_model
 from tolerances import BF16_PPL_REL, FP32_PPL_REL_VS_HF
@@ -51,35 +52,43 @@ def test_chat_generation_answers(fp32_llm):
     assert "Paris" in out.text
 
 
-def perplexity(llm: LLM, token_ids: list[int], window: int) -> float:
-    windows = [token_ids[i:i + window] for i in range(0, len(token_ids) - 1, window)]
-    windows = [w for w in windows if len(w) > 1]
-    nll, count = 0.0, 0
-    for w, logits in zip(windows, llm.score(windows)):
-        x = logits[:-1].astype(np.float64)
-        lse = np.log(np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)) + x.max(axis=1)
-        nll += float((lse - x[np.arange(len(w) - 1), w[1:]]).sum())
-        count += len(w) - 1
-    return float(np.exp(nll / count))
-
-
 def test_perplexity_fp32_matches_hf_and_bf16_within_1_percent(smollm2_dir, smollm2_engine, fp32_llm):
     import torch
 
     text = WIKITEXT.read_text()[:20000]
-    ids = fp32_llm.tokenizer.encode(text, add_special_tokens=False)[:2048]
-    ppl32 = perplexity(fp32_llm, ids, 512)
-    ppl16 = perplexity(LLM(smollm2_engine("bfloat16"), num_threads=2), ids, 512)
+    wins = windows(fp32_llm.tokenizer.encode(text, add_special_tokens=False), 512, 2048)
+    ppl32 = perplexity(fp32_llm.score, wins).perplexity
+    ppl16 = perplexity(LLM(smollm2_engine("bfloat16"), num_threads=2).score, wins).perplexity
+    # HF's own loss (labels=...) is the oracle here, not our window_nll
     model = _hf_model(str(smollm2_dir), "float32")
     nll, count = 0.0, 0
-    for i in range(0, len(ids) - 1, 512):
-        w = ids[i:i + 512]
-        if len(w) < 2:
-            continue
+    for w in wins:
         with torch.no_grad():
             out = model(torch.tensor([w]), labels=torch.tensor([w]))
         nll += out.loss.item() * (len(w) - 1)
         count += len(w) - 1
     ppl_hf = float(np.exp(nll / count))
+    print(f"wikitext ppl: HF fp32 {ppl_hf:.4f}, engine fp32 {ppl32:.4f}, engine bf16 {ppl16:.4f}")
     assert abs(ppl32 / ppl_hf - 1) <= FP32_PPL_REL_VS_HF, (ppl32, ppl_hf)
     assert abs(ppl16 / ppl32 - 1) <= BF16_PPL_REL, (ppl16, ppl32)
+
+
+def test_stop_strings_and_stop_token_ids(fp32_llm):
+    prompt = "def fibonacci(n):"
+    free = fp32_llm.generate([prompt], SamplingParams(max_tokens=48, temperature=0))[0]
+    assert "return" in free.text
+    cut = fp32_llm.generate([prompt], SamplingParams(max_tokens=48, temperature=0, stop=["return"]))[0]
+    assert cut.finish_reason == "stop" and "return" not in cut.text
+    assert free.text.startswith(cut.text) and len(cut.text) < len(free.text)
+    # a stop token id ends generation at that token (kept in token_ids, as vLLM does)
+    stop_id = free.token_ids[5]
+    by_id = fp32_llm.generate([prompt], SamplingParams(max_tokens=48, temperature=0, stop_token_ids=[stop_id]))[0]
+    assert by_id.token_ids == free.token_ids[: free.token_ids.index(stop_id) + 1]
+    assert by_id.finish_reason == "stop"
+
+
+def test_streaming_deltas_concatenate_to_the_text(fp32_llm):
+    deltas: list[str] = []
+    out = fp32_llm.generate(["Once upon a time"], SamplingParams(max_tokens=24, temperature=0),
+                            on_delta=lambda i, d: deltas.append(d))[0]
+    assert "".join(deltas) == out.text and len(deltas) > 3

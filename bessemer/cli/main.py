@@ -1,4 +1,4 @@
-"""`bessemer` command group: build, run, inspect."""
+"""`bessemer` command group: build, run, eval, inspect."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from bessemer.cli import build, run
+from bessemer.cli import build, evaluate, run
 from bessemer.cli.common import user_errors
 
 
@@ -18,6 +18,7 @@ def main():
 
 main.add_command(build.main, name="build")
 main.add_command(run.main, name="run")
+main.add_command(evaluate.main, name="eval")
 
 
 @main.command()

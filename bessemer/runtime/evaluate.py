@@ -1,0 +1,85 @@
+"""Perplexity by one protocol for engines and for HF models, so the two are comparable.
+
+Protocol: tokenize the text (no BOS added), keep the first `max_tokens` tokens, cut them
+into non-overlapping windows of `context_len` tokens (the last may be shorter); in every
+window each token after the first is scored given the ones before it;
+ppl = exp(mean negative log-likelihood over all scored tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from bessemer.errors import BessemerError
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    perplexity: float
+    scored_tokens: int
+    nll_sum: float
+
+    def to_json(self) -> dict:
+        return {"perplexity": self.perplexity, "scored_tokens": self.scored_tokens, "nll_sum": self.nll_sum}
+
+
+def read_dataset(path: str | Path) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise BessemerError(f"dataset {p} does not exist; pass a plain-text file with --dataset")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise BessemerError(f"dataset {p} is empty; pass a plain-text file with --dataset")
+    return text
+
+
+def windows(token_ids: list[int], context_len: int, max_tokens: int | None) -> list[list[int]]:
+    if context_len < 2:
+        raise BessemerError(f"--context-len must be at least 2, got {context_len}")
+    ids = token_ids[:max_tokens] if max_tokens else token_ids
+    out = [ids[i:i + context_len] for i in range(0, len(ids), context_len)]
+    return [w for w in out if len(w) > 1]
+
+
+def window_nll(logits: np.ndarray, window: list[int]) -> float:
+    """Sum of -log p(window[t] | window[:t]) for t >= 1; logits: (len(window), vocab)."""
+    x = logits[:-1].astype(np.float64)
+    top = x.max(axis=1)
+    lse = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+    return float((lse - x[np.arange(len(window) - 1), window[1:]]).sum())
+
+
+def perplexity(score: Callable[[list[list[int]]], Iterable[np.ndarray]], wins: list[list[int]],
+               batch: int = 1, progress: Callable[[str], None] | None = None) -> Perplexity:
+    """`score(windows) -> logits per window`: an engine's LLM.score or a HF forward."""
+    nll, count = 0.0, 0
+    for i in range(0, len(wins), batch):
+        group = wins[i:i + batch]
+        for w, logits in zip(group, score(group)):
+            nll += window_nll(logits, w)
+            count += len(w) - 1
+        if progress:
+            progress(f"scored {min(i + batch, len(wins))}/{len(wins)} windows, ppl so far {np.exp(nll / count):.4f}")
+    return Perplexity(float(np.exp(nll / count)), count, nll)
+
+
+def hf_scorer(model_dir: str | Path, threads: int | None = None):
+    """A `score` function backed by HF transformers in fp32 (the reference)."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise BessemerError("--reference needs torch and transformers; run `pip install torch==2.13.0 transformers`") from None
+    if threads:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+    def score(group: list[list[int]]):
+        with torch.no_grad():
+            return [model(torch.tensor([w])).logits[0].numpy() for w in group]
+
+    return score
