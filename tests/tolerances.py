@@ -40,3 +40,13 @@ INTERPRETER_ATOL = 1e-5
 # Perplexity on WikiText-2 text: fp32 engine vs HF fp32, and bf16 engine vs fp32 engine.
 FP32_PPL_REL_VS_HF = 1e-3
 BF16_PPL_REL = 1e-2
+
+# ---- quantization (tests/test_quantization.py) ----
+# Minimum SQNR of the primitives on Gaussian weights (int8: ~6 dB/bit minus the range of a
+# Gaussian; int4 group 64: ~20 dB).
+SQNR_INT8_DB = 38.0
+SQNR_INT4_G64_DB = 17.0
+# Quantized engine vs HF running the same dequantized weights in fp32: only accumulation
+# order differs (per-group partial sums), as tight as the fp32 engine.
+FAKE_QUANT_LOGITS_ATOL = 1e-4
+FAKE_QUANT_LOGITS_RTOL = 1e-4

@@ -27,6 +27,7 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
+from bessemer.builder.quantize_weights import quantize_weight
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 
@@ -49,15 +50,34 @@ def _resolve_limits(build: BuildConfig, max_positions: int) -> BuildConfig:
     return build
 
 
-def _producer(ckpt: Checkpoint, constants: dict, spec: TensorSpec) -> Callable[[], np.ndarray]:
-    def produce() -> np.ndarray:
-        if spec.name in constants:
-            data = constants[spec.name]
-        else:
-            arrays = [ckpt.get(p) for p in spec.parts]
-            data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-        return fmt.encode(data, spec.dtype, spec.layout)
-    return produce
+class WeightSource:
+    """Produces each engine tensor from the checkpoint when the writer asks for it.
+
+    A quantized weight is quantized once, when its first part (the codes) is asked for;
+    its scales/offsets follow it in the tensor order, then the cache is dropped.
+    """
+
+    def __init__(self, ckpt: Checkpoint, constants: dict):
+        self.ckpt, self.constants = ckpt, constants
+        self.quant_stats: dict[str, dict] = {}
+        self._cached: tuple[str, dict] | None = None
+
+    def fp32(self, spec: TensorSpec) -> np.ndarray:
+        if spec.name in self.constants:
+            return self.constants[spec.name]
+        arrays = [self.ckpt.get(p) for p in spec.parts]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+
+    def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
+        def produce() -> np.ndarray:
+            if not spec.quant:
+                return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
+            if self._cached is None or self._cached[0] != spec.source:
+                parts, stats = quantize_weight(self.fp32(spec), spec.quant)
+                self.quant_stats[spec.source] = stats
+                self._cached = (spec.source, parts)
+            return self._cached[1][spec.role]
+        return produce
 
 
 def _prepare_output(output: Path) -> Path:
@@ -131,8 +151,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
 
         header = {"rank": 0, "tp_size": 1, "target": build.target, "isa_baseline": "avx2",
                   "plan": plan.to_json()}
-        entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, _producer(ckpt, graph.constants, s))
-                   for s in specs]
+        source = WeightSource(ckpt, graph.constants)
+        entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
         rank_file = tmp / "rank0.engine"
         digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
         timings["pack_and_write"] = time.perf_counter() - t
@@ -145,7 +165,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
             "bessemer_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
             "target": build.target, "isa_baseline": "avx2",
-            "model": cfg.to_json(), "build": build.to_json(), "quant": None,
+            "model": cfg.to_json(), "build": build.to_json(),
+            "quant": build.quant.to_json() if build.quant else None,
             "mapping": {"tp_size": 1, "pp_size": 1, "world_size": 1},
             "plugins": plan.kernels(), "passes": applied,
             "ranks": [{"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest}],
@@ -156,6 +177,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         report = {"timings_s": {k: round(v, 3) for k, v in timings.items()},
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   "passes": applied, "num_tensors": len(specs), "engine_bytes": rank_file.stat().st_size,
+                  "quant": build.quant.to_json() if build.quant else None,
+                  "quant_error": source.quant_stats,
                   "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
                               for s in specs]}
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
+from bessemer.quantization.config import QuantConfig
 
 DTYPES = ("float32", "bfloat16")
 TARGETS = ("cpu",)
@@ -21,6 +22,7 @@ class BuildConfig:
     target: str = "cpu"
     tp_size: int = 1
     fuse: bool = True  # run the fusion passes (off only to debug a fusion)
+    quant: QuantConfig | None = None  # serialized on its own, as config.json "quant"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -45,8 +47,7 @@ class BuildConfig:
         return self.kv_cache_dtype or self.dtype
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("quant")
+        return d
 
-    @classmethod
-    def option_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]

@@ -65,7 +65,8 @@ DTYPE_IDS = {
     "float8_e4m3": 6,
     "int4": 7,
 }
-DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4,
+DTYPE_SIZES = {"int4": 1,  # only in panel16_int4, whose size rule halves it
+               "float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4,
                "float8_e4m3": 1}
 
 # Stable layout ids (never reuse a number).
@@ -74,7 +75,10 @@ DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
 #              16 output rows; element W[16p + j, k] lives at index (p*K + k)*16 + j;
 #              rows past N are zero. Lets a GEMM/GEMV kernel read 16 outputs' weights
 #              for one k with a single vector load.
-LAYOUT_IDS = {"row_major": 0, "panel16": 1}
+#   panel16_int4: 4-bit codes (dtype int4) of a [N, K] matrix, panel16 order, 8 bytes per
+#              (panel p, k): byte j holds the code of row 16p+j in its low nibble and of
+#              row 16p+8+j in its high nibble (one byte load + mask/shift yields 16 lanes).
+LAYOUT_IDS = {"row_major": 0, "panel16": 1, "panel16_int4": 2}
 PANEL = 16
 
 
@@ -89,6 +93,9 @@ def packed_nbytes(shape: tuple[int, ...], dtype: str, layout: str) -> int:
     if layout == "panel16":
         n, k = shape
         return align_up(n, PANEL) * k * elem
+    if layout == "panel16_int4":
+        n, k = shape
+        return align_up(n, PANEL) * k // 2
     raise ValueError(f"unknown layout {layout!r}")
 
 

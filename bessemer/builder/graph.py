@@ -29,6 +29,9 @@ class WeightRef:
     name: str
     parts: tuple[str, ...]
     shape: tuple[int, ...]
+    # How the stored weight is quantized, set by the quantize pass: sorted (key, value)
+    # pairs such as (("bits", 4), ("group_size", 64), ("zero_point", False)); () = not.
+    quant: tuple = ()
 
     @staticmethod
     def single(name: str, shape: tuple[int, ...]) -> "WeightRef":
@@ -153,10 +156,15 @@ def format_graph(graph: Graph) -> str:
     for n in graph.nodes:
         outs = ", ".join(f"%{o}:[{graph.values[o].rows},{graph.values[o].width}]" for o in n.outputs)
         ins = ", ".join(f"%{i}" for i in n.inputs)
-        ws = " ".join(f"{{{w.name} {list(w.shape)}}}" for w in n.weights if w is not None)
+        ws = " ".join(f"{{{w.name} {list(w.shape)}{' ' + _quant_text(w.quant) if w.quant else ''}}}"
+                      for w in n.weights if w is not None)
         attrs = " ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
         lines.append(f"{outs} = {n.op}({ins}) {ws} {attrs}  # {n.name}".replace("  ", " "))
     return "\n".join(lines) + "\n"
+
+
+def _quant_text(quant: tuple) -> str:
+    return "quant(" + ",".join(f"{k}={v}" for k, v in quant) + ")"
 
 
 def constant_shape(arr: np.ndarray) -> tuple[int, ...]:

@@ -20,17 +20,50 @@ from bessemer.plugins.ops import OPS
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
+# Kernels that implement a graph op for a stored format other than the op's own.
+KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1}
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor of the rank file: its HF parts (concatenated on axis 0) or a graph constant."""
+    """A tensor of the rank file: its HF parts (concatenated on axis 0) or a graph constant;
+    for a quantized weight, one of its stored parts (`role`: codes, scales or offsets)."""
 
     name: str
     parts: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
     layout: str
+    quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
+    role: str = "data"  # data | codes | scales | offsets
+    source: str = ""  # the (fp32) weight a quantized part is derived from
+
+
+def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
+    """Stored parts of a quantized linear weight (layouts: quantization/packing.py)."""
+    q = dict(ref.quant)
+    n, k = ref.shape
+    common = dict(parts=ref.parts, quant=ref.quant, source=ref.name)
+    if q["bits"] == 8:
+        return [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="panel16", role="codes", **common),
+                TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
+                           role="scales", **common)]
+    groups = k // q["group_size"]
+    return [TensorSpec(ref.name, shape=(n, k), dtype="int4", layout="panel16_int4", role="codes", **common),
+            TensorSpec(f"{ref.name}.scales", shape=(n, groups), dtype="float32", layout="panel16",
+                       role="scales", **common),
+            TensorSpec(f"{ref.name}.offsets", shape=(n, groups), dtype="float32", layout="panel16",
+                       role="offsets", **common)]
+
+
+def linear_kernel(ref: WeightRef) -> tuple[str, list[str], dict]:
+    """(op, weight tensor names, extra attrs) of the kernel that reads `ref` as stored."""
+    if not ref.quant:
+        return "linear", [ref.name], {}
+    q = dict(ref.quant)
+    if q["bits"] == 8:
+        return "linear_w8a16", [ref.name, f"{ref.name}.scales"], {}
+    return "linear_w4a16", [ref.name, f"{ref.name}.scales", f"{ref.name}.offsets"], {"group_size": q["group_size"]}
 
 
 def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
@@ -47,14 +80,23 @@ def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
         for role, ref in zip(OPS[n.op].weight_roles, n.weights):
             if ref is None:
                 continue
-            if n.op == "linear" and role == "weight":
+            if n.op == "linear" and role == "weight" and ref.quant:
+                for spec in quantized_specs(ref):
+                    specs[spec.name] = spec
+            elif n.op == "linear" and role == "weight":
                 put(ref, build.dtype, "panel16")
             elif n.op == "embedding":
                 put(ref, build.dtype, "row_major")
             else:
                 put(ref, "float32", "row_major")
+    # plan order; the parts of a quantized weight follow it
     order = graph.weight_names()
-    return {name: specs[name] for name in order}
+    ordered = {}
+    for name in order:
+        for key in (name, f"{name}.scales", f"{name}.offsets"):
+            if key in specs:
+                ordered[key] = specs[key]
+    return ordered
 
 
 def _last_uses(graph: Graph) -> dict[str, int]:
@@ -137,10 +179,14 @@ def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPl
             if outs != ins:
                 raise GraphError(f"{n.name}: {n.op} works in place, but its inputs are still read later")
             outs = ()
+        op, weights, attrs = n.op, [w.name for w in n.weights if w is not None], dict(n.attrs)
+        if n.op == "linear":
+            op, names, extra = linear_kernel(n.weights[0])
+            weights = names + weights[1:]
+            attrs.update(extra)
         steps.append(KernelCall(
-            op=n.op, version=decl.version, node=n.name, ins=ins, outs=outs,
-            weights=tuple(w.name for w in n.weights if w is not None),
-            attrs={k: float(v) for k, v in n.attrs.items()}))
+            op=op, version=KERNEL_VERSIONS.get(op, decl.version), node=n.name, ins=ins, outs=outs,
+            weights=tuple(weights), attrs={k: float(v) for k, v in attrs.items()}))
     vocab = graph.values[graph.output].width
     kv = dict(model_kv, dtype=build.resolved_kv_dtype)
     plan = ExecutionPlan(tuple(buffers), tuple(steps), kv, view[graph.output], vocab)

@@ -14,13 +14,15 @@ from bessemer.builder.graph import Graph, GraphError, format_graph, verify
 from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
 from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
 from bessemer.builder.passes.fuse_qkv import fuse_qkv
+from bessemer.builder.passes.quantize import quantize
 
 Pass = Callable[[Graph, BuildConfig], Graph]
 
 
 def phases(build: BuildConfig) -> list[tuple[str, list[Pass]]]:
     fusion = [fuse_qkv, fuse_gate_up, fuse_add_rmsnorm] if build.fuse else []
-    return [("fusion", fusion)]
+    # quantize after fusion: a fused qkv weight gets one set of per-channel/group scales
+    return [("fusion", fusion), ("quantization", [quantize] if build.quant else [])]
 
 
 def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None) -> tuple[Graph, list[str]]:

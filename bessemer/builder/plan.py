@@ -45,6 +45,14 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
     add@1          ins [a, b]; outs [c]; c = a + b
     linear@1       ins [x]; outs [y]; weights [w ([N, K] panel16, f32 or bf16), bias?]
                    y = x @ w.T (+ bias, [N] row_major f32); rows = out's row kind
+    linear_w8a16@1 ins [x]; outs [y]; weights [q (int8 panel16 [N, K]), scales (f32 row_major
+                   [N]), bias?]; y = (x @ q.T) * scales (+ bias); fp32 activations, the int8
+                   codes are converted in registers (never a dequantized copy in memory)
+    linear_w4a16@1 ins [x]; outs [y]; weights [codes (int4 panel16_int4 [N, K]), scales,
+                   offsets (f32 panel16 [N, K/G] each), bias?]; attrs group_size (G)
+                   w[n, k] = scales[n, k/G] * codes[n, k] + offsets[n, k/G];
+                   y = sum over groups g of scales[:, g] * (x_g @ codes_g.T) + offsets[:, g] *
+                   sum(x_g) (+ bias): per group one integer-code dot product and one row sum
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];

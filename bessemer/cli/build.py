@@ -9,6 +9,7 @@ import click
 from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
+QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules")
 
 
 def _load_yaml(path: str) -> dict:
@@ -20,7 +21,7 @@ def _load_yaml(path: str) -> dict:
         fail(f"{path} is not valid YAML ({str(e).splitlines()[0]}); fix the file")
     if not isinstance(data, dict):
         fail(f"{path} must hold a mapping of build options (e.g. `dtype: bfloat16`)")
-    known = set(OPTION_FLAGS) | {"output", "dump_ir"}
+    known = set(OPTION_FLAGS) | set(QUANT_FLAGS) | {"output", "dump_ir"}
     options = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -36,24 +37,39 @@ def _load_yaml(path: str) -> dict:
 @click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
 @click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
+@click.option("--quant", help="Weight quantization: w8a16 | w4a16. [default: none]")
+@click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
+@click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
+@click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "
+              "[default: model.embed_tokens,lm_head]")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
-def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, dump_ir,
-         config_file, quiet):
+def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, quant,
+         group_size, zero_point, exclude_modules, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
     options = _load_yaml(config_file) if config_file else {}
+    from bessemer.quantization.config import QuantConfig
+
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
-                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, output=output, dump_ir=dump_ir)
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, output=output, dump_ir=dump_ir,
+                 quant=quant, group_size=group_size, zero_point=zero_point,
+                 exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)
     options.update({k: v for k, v in flags.items() if v is not None})
     output = options.pop("output", None)
     dump_ir = options.pop("dump_ir", None)
     if not output:
         fail("no output directory given; pass --output ENGINE_DIR")
-    build = BuildConfig(**options)
+    quant_options = {k: options.pop(k) for k in QUANT_FLAGS if k in options}
+    mode = quant_options.pop("quant", None)
+    if quant_options and not mode:
+        fail(f"--{next(iter(quant_options)).replace('_', '-')} needs --quant MODE")
+    if "exclude_modules" in quant_options:
+        quant_options["exclude_modules"] = tuple(p.strip() for p in quant_options["exclude_modules"] if p.strip())
+    build = BuildConfig(**options, quant=QuantConfig(mode, **quant_options) if mode else None)
     path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet))
     click.echo(str(path))

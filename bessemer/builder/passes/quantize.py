@@ -1,0 +1,37 @@
+"""quantize: marks every linear weight that is not excluded for quantized storage.
+
+The pass only annotates (WeightRef.quant); the weights are quantized while they are
+packed (builder/quantize_weights.py) and lowering picks the kernel that reads the stored
+format. Exclusions are fnmatch patterns on node names (HF module paths).
+"""
+
+from dataclasses import replace
+from fnmatch import fnmatch
+
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import Graph
+from bessemer.quantization.primitives import effective_group_size
+
+
+def quantize(graph: Graph, build: BuildConfig) -> Graph:
+    q = build.quant
+    if q is None:
+        return graph
+    # a table the embedding gathers from (tied lm_head) stays unquantized: the gather
+    # kernel reads float rows
+    gathered = {w.name for n in graph.nodes if n.op == "embedding" for w in n.weights}
+    nodes = []
+    for n in graph.nodes:
+        excluded = any(fnmatch(n.name, pat) or fnmatch(n.name, pat + ".*") for pat in q.exclude_modules)
+        excluded = excluded or (n.op == "linear" and n.weights[0].name in gathered)
+        if n.op != "linear" or excluded:
+            nodes.append(n)
+            continue
+        w = n.weights[0]
+        if q.bits == 8:
+            quant = (("bits", 8),)
+        else:
+            quant = (("bits", 4), ("group_size", effective_group_size(w.shape[1], q.group_size)),
+                     ("zero_point", q.zero_point))
+        nodes.append(replace(n, weights=(replace(w, quant=quant),) + n.weights[1:]))
+    return replace(graph, nodes=tuple(nodes), values={})

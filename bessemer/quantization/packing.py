@@ -1,0 +1,38 @@
+"""Packing layouts for quantized weights: how codes and scales lie in a rank file.
+
+A layout is separate from the algorithm that chose the scales (RTN, AWQ, GPTQ all give
+the same storage) and from the kernel that reads it. Layout ids: engine_format.LAYOUT_IDS.
+
+    int8 per channel   q: int8 panel16 [N, K];  scales: float32 row_major [N]
+    int4 group-wise    codes: int4 panel16_int4 [N, K];  scales, offsets: float32 panel16
+                       [N, K // group]  (w = scale * code + offset, code in 0..15)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bessemer.builder.engine_format import PANEL, align_up, pack_panel16
+
+
+def pack_panel16_int4(codes: np.ndarray) -> np.ndarray:
+    """codes (N, K) uint8 in 0..15 -> flat uint8 array of ceil(N/16) * K * 8 bytes."""
+    n, k = codes.shape
+    n_pad = align_up(n, PANEL)
+    c = np.zeros((n_pad, k), dtype=np.uint8)
+    c[:n] = codes
+    panels = c.reshape(n_pad // PANEL, PANEL, k).transpose(0, 2, 1)  # [P, K, 16]
+    packed = panels[:, :, :8] | (panels[:, :, 8:] << 4)  # [P, K, 8]
+    return np.ascontiguousarray(packed).reshape(-1)
+
+
+def unpack_panel16_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+    n_pad = align_up(n, PANEL)
+    p = packed.reshape(n_pad // PANEL, k, 8)
+    panels = np.concatenate([p & 0xF, p >> 4], axis=2)  # [P, K, 16]
+    return np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(n_pad, k)[:n]
+
+
+def pack_group_params(params: np.ndarray) -> np.ndarray:
+    """scales or offsets (N, K // group) float32 -> panel16 order."""
+    return pack_panel16(np.asarray(params, dtype=np.float32))

@@ -1,0 +1,89 @@
+"""Pure quantization primitives: choose scales, quantize, dequantize, measure the error.
+
+These functions are the reference the quantized kernels are tested against; they know
+nothing of kernels or storage layouts (see packing.py for those). Shapes: a weight is
+w: (N, K) = (out_features, in_features); groups run along K.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INT8_MAX = 127
+INT4_LEVELS = 16  # unsigned codes 0..15
+
+
+def effective_group_size(k: int, group_size: int) -> int:
+    """The group size actually used for K input features.
+
+    Rule (documented in the engine's quant config): the largest multiple of 16 that is
+    <= group_size and divides K; if none exists, one group spans all of K. SmolLM2's
+    hidden size 576 with group 128 gives 96 (576 = 6 x 96); with 64 it stays 64.
+    """
+    if group_size <= 0 or group_size >= k:
+        return k
+    for g in range(group_size - group_size % 16, 15, -16):
+        if k % g == 0:
+            return g
+    return k
+
+
+def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-channel int8: w ~= q * scale[:, None]; q in [-127, 127].
+    Returns q (N, K) int8, scale (N,) float32."""
+    w = np.asarray(w, dtype=np.float32)
+    amax = np.abs(w).max(axis=1)
+    scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def dequantize_int8_per_channel(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * scale[:, None]
+
+
+def int4_group_params(w: np.ndarray, group: int, zero_point: bool,
+                      clip_ratio: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Scales and offsets of group-wise 4-bit codes: w ~= scale * code + offset, code in 0..15.
+
+    symmetric (zero_point=False): offset = -8 * scale, scale = amax / 7 (codes 1..15 used,
+    code 8 is zero); asymmetric: scale = (max - min) / 15, offset = min (rounded so that
+    zero is exact). `clip_ratio` shrinks the range (AWQ/GPTQ-style clipping search).
+    Returns scale, offset: (N, K // group) float32.
+    """
+    n, k = w.shape
+    g = w.reshape(n, k // group, group).astype(np.float32)
+    if zero_point:
+        lo = np.minimum(g.min(axis=2), 0.0) * clip_ratio
+        hi = np.maximum(g.max(axis=2), 0.0) * clip_ratio
+        scale = np.where(hi > lo, (hi - lo) / (INT4_LEVELS - 1), 1.0).astype(np.float32)
+        zero = np.clip(np.rint(-lo / scale), 0, INT4_LEVELS - 1)
+        offset = (-zero * scale).astype(np.float32)
+    else:
+        amax = np.abs(g).max(axis=2) * clip_ratio
+        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+        offset = (-8.0 * scale).astype(np.float32)
+    return scale, offset
+
+
+def quantize_int4(w: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int) -> np.ndarray:
+    """Codes (N, K) uint8 in 0..15 for the given group parameters."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group).astype(np.float32)
+    codes = np.rint((g - offset[:, :, None]) / scale[:, :, None])
+    return np.clip(codes, 0, INT4_LEVELS - 1).astype(np.uint8).reshape(n, k)
+
+
+def dequantize_int4(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int) -> np.ndarray:
+    n, k = codes.shape
+    g = codes.reshape(n, k // group, group).astype(np.float32)
+    return (g * scale[:, :, None] + offset[:, :, None]).reshape(n, k)
+
+
+def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (higher is better; inf when exact)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    noise = ((ref - np.asarray(approx, dtype=np.float64)) ** 2).sum()
+    if noise == 0:
+        return float("inf")
+    return float(10.0 * np.log10((ref ** 2).sum() / noise))

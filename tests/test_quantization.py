@@ -1,0 +1,103 @@
+"""Quantization: primitives, the quantize pass, and engines vs HF with the same
+fake-quantized weights (the quantization error is then not the engine's to explain)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bessemer.builder.build import build_engine
+from bessemer.builder.config import BuildConfig
+from bessemer.errors import InvalidOptionError
+from bessemer.quantization import primitives as prim
+from bessemer.quantization.config import QuantConfig
+from bessemer.runtime.llm import LLM
+from conftest import _hf_model
+from tolerances import FAKE_QUANT_LOGITS_ATOL, FAKE_QUANT_LOGITS_RTOL, SQNR_INT4_G64_DB, SQNR_INT8_DB
+
+
+def _gaussian(n=96, k=192, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+
+
+def test_int8_round_trip_and_sqnr():
+    w = _gaussian()
+    q, s = prim.quantize_int8_per_channel(w)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127
+    assert np.abs(prim.dequantize_int8_per_channel(q, s) - w).max() <= s.max() / 2 + 1e-6
+    assert prim.sqnr_db(w, prim.dequantize_int8_per_channel(q, s)) >= SQNR_INT8_DB
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_int4_round_trip_and_sqnr(zero_point):
+    w = _gaussian()
+    scale, offset = prim.int4_group_params(w, 64, zero_point)
+    codes = prim.quantize_int4(w, scale, offset, 64)
+    assert codes.max() <= 15
+    approx = prim.dequantize_int4(codes, scale, offset, 64)
+    # requantizing the dequantized weight is exact: the grid is consistent
+    assert (prim.quantize_int4(approx, scale, offset, 64) == codes).all()
+    assert prim.sqnr_db(w, approx) >= SQNR_INT4_G64_DB
+    if zero_point:  # zero is exactly representable
+        zero_codes = np.rint(-offset / scale)
+        assert np.allclose(zero_codes * scale + offset, 0, atol=1e-6)
+
+
+def test_group_size_rule_for_dimensions_it_does_not_divide():
+    assert prim.effective_group_size(576, 128) == 96  # SmolLM2 hidden size
+    assert prim.effective_group_size(576, 64) == 64
+    assert prim.effective_group_size(1536, 128) == 128
+    assert prim.effective_group_size(40, 32) == 40  # no multiple of 16 divides: one group
+
+
+def test_bad_quant_options():
+    with pytest.raises(InvalidOptionError, match="group-size"):
+        QuantConfig("w4a16", group_size=48)
+    with pytest.raises(InvalidOptionError, match="planned"):
+        QuantConfig("w4a16-awq")
+    with pytest.raises(InvalidOptionError, match="not supported"):
+        QuantConfig("w3a16")
+
+
+def _fake_quantize_hf(model, quant: QuantConfig):
+    """HF model whose quantized linears hold dequantize(quantize(w)) (same primitives)."""
+    import torch
+
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or name in ("lm_head",):
+                continue
+            w = mod.weight.detach().numpy().astype(np.float32)
+            if quant.bits == 8:
+                approx = prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w))
+            else:
+                g = prim.effective_group_size(w.shape[1], quant.group_size)
+                scale, offset = prim.int4_group_params(w, g, quant.zero_point)
+                approx = prim.dequantize_int4(prim.quantize_int4(w, scale, offset, g), scale, offset, g)
+            mod.weight.copy_(torch.from_numpy(approx))
+    return model
+
+
+@pytest.mark.parametrize("quant", [QuantConfig("w8a16"), QuantConfig("w4a16", group_size=32),
+                                   QuantConfig("w4a16", group_size=64, zero_point=True)],
+                         ids=["w8a16", "w4a16-g32", "w4a16-g64-zp"])
+@pytest.mark.parametrize("kind", ["llama-untied", "qwen2"])
+def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint, tmp_path):
+    import copy
+
+    import torch
+
+    ckpt = tiny_checkpoint(kind)
+    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
+    report = json.loads((engine / "build_report.json").read_text())
+    assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
+    config = json.loads((engine / "config.json").read_text())
+    assert config["quant"]["mode"] == quant.mode and config["quant"]["exclude_modules"] == ["model.embed_tokens", "lm_head"]
+    hf = _fake_quantize_hf(copy.deepcopy(_hf_model(str(ckpt), "float32")), quant)
+    llm = LLM(engine, num_threads=2)
+    prompts = [list(range(5, 25)), [7, 8, 9]]
+    for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].numpy()
+        err = np.abs(got - ref).max()
+        assert err <= FAKE_QUANT_LOGITS_ATOL + FAKE_QUANT_LOGITS_RTOL * np.abs(ref).max(), err
