@@ -27,7 +27,8 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
-from bessemer.builder.quantize_weights import quantize_weight
+from bessemer.builder.quantize_weights import CalibrationResult, calibrate, quantize_weight
+from bessemer.quantization.awq import apply_transform
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 
@@ -57,15 +58,23 @@ class WeightSource:
     its scales/offsets follow it in the tensor order, then the cache is dropped.
     """
 
-    def __init__(self, ckpt: Checkpoint, constants: dict):
+    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
         self.ckpt, self.constants = ckpt, constants
+        self.calibration = calibration
         self.quant_stats: dict[str, dict] = {}
         self._cached: tuple[str, dict] | None = None
+
+    def part(self, name: str) -> np.ndarray:
+        """A checkpoint tensor, with the AWQ scaling folded in where there is one."""
+        arr = self.ckpt.get(name)
+        if self.calibration and name in self.calibration.transforms:
+            arr = apply_transform(arr, self.calibration.transforms[name])
+        return arr
 
     def fp32(self, spec: TensorSpec) -> np.ndarray:
         if spec.name in self.constants:
             return self.constants[spec.name]
-        arrays = [self.ckpt.get(p) for p in spec.parts]
+        arrays = [self.part(p) for p in spec.parts]
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
 
     def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
@@ -73,7 +82,9 @@ class WeightSource:
             if not spec.quant:
                 return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
-                parts, stats = quantize_weight(self.fp32(spec), spec.quant)
+                hessian = self.calibration.hessian_for(spec) if self.calibration else None
+                act_order = bool(self.calibration and self.calibration.act_order)
+                parts, stats = quantize_weight(self.fp32(spec), spec.quant, hessian, act_order)
                 self.quant_stats[spec.source] = stats
                 self._cached = (spec.source, parts)
             return self._cached[1][spec.role]
@@ -137,6 +148,12 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
         f"plan: {len(plan.steps)} kernel calls, {len(plan.buffers)} buffers")
 
+    calibration = None
+    if build.quant is not None and build.quant.needs_calibration:
+        t = time.perf_counter()
+        calibration = calibrate(ckpt, cfg, build.quant, say)
+        timings["calibration"] = time.perf_counter() - t
+
     tmp = _prepare_output(output)
     try:
         t = time.perf_counter()
@@ -151,7 +168,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
 
         header = {"rank": 0, "tp_size": 1, "target": build.target, "isa_baseline": "avx2",
                   "plan": plan.to_json()}
-        source = WeightSource(ckpt, graph.constants)
+        source = WeightSource(ckpt, graph.constants, calibration)
         entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
         rank_file = tmp / "rank0.engine"
         digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
@@ -179,6 +196,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                   "passes": applied, "num_tensors": len(specs), "engine_bytes": rank_file.stat().st_size,
                   "quant": build.quant.to_json() if build.quant else None,
                   "quant_error": source.quant_stats,
+                  "calibration": calibration.report if calibration else None,
                   "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
                               for s in specs]}
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")

@@ -1,20 +1,60 @@
-"""Quantizes one weight while it is packed: fp32 array -> stored parts + its SQNR.
+"""Quantizes one weight while it is packed: fp32 array -> stored parts + its SQNR, and
+runs the calibration step that AWQ and GPTQ need before packing starts.
 
-One weight at a time (the builder streams), with the round-to-nearest scales of
-quantization/primitives.py; the stored layouts are those of quantization/packing.py.
+One weight at a time (the builder streams); the stored layouts are those of
+quantization/packing.py whatever algorithm chose the codes.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from bessemer.builder.engine_format import pack_panel16
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
 from bessemer.quantization.packing import pack_group_params, pack_panel16_int4
 
 
-def quantize_weight(w: np.ndarray, quant: tuple) -> tuple[dict[str, np.ndarray], dict]:
-    """w: (N, K) fp32. Returns ({role: packed array}, {"sqnr_db": ..., ...})."""
+@dataclass
+class CalibrationResult:
+    stats: dict  # input key -> activation statistics (quantization/calibration.py)
+    algorithm: str
+    act_order: bool = False
+    transforms: dict = field(default_factory=dict)  # AWQ: tensor -> (row_scale, col_scale)
+    report: dict = field(default_factory=dict)
+
+    def hessian_for(self, spec) -> np.ndarray | None:
+        if self.algorithm != "gptq":
+            return None
+        module = spec.parts[0].rsplit(".", 1)[0]
+        return self.stats[input_key(module)]["hessian"]
+
+
+def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
+    from bessemer.quantization.awq import awq_transforms
+
+    spec = CalibrationSpec(Path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
+    t = time.perf_counter()
+    stats = collect(ckpt.dir, spec, say)
+    result = CalibrationResult(stats, quant.algorithm, quant.act_order,
+                               report={"stats_s": round(time.perf_counter() - t, 2),
+                                       "rows": int(next(iter(stats.values()))["rows"])})
+    if quant.algorithm == "awq":
+        t = time.perf_counter()
+        result.transforms, per_group = awq_transforms(ckpt.get, cfg.num_hidden_layers, stats,
+                                                      quant.group_size, quant.zero_point, say)
+        result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
+    return result
+
+
+def quantize_weight(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = None,
+                    act_order: bool = False) -> tuple[dict[str, np.ndarray], dict]:
+    """w: (N, K) fp32. Returns ({role: packed array}, {"sqnr_db": ..., ...}).
+    With a Hessian, 4-bit codes come from GPTQ, otherwise from round to nearest."""
     q = dict(quant)
     if q["bits"] == 8:
         codes, scale = prim.quantize_int8_per_channel(w)
@@ -22,8 +62,13 @@ def quantize_weight(w: np.ndarray, quant: tuple) -> tuple[dict[str, np.ndarray],
         parts = {"codes": pack_panel16(codes), "scales": scale}
     else:
         g = q["group_size"]
-        scale, offset = prim.int4_group_params(w, g, q["zero_point"])
-        codes = prim.quantize_int4(w, scale, offset, g)
+        if hessian is not None:
+            from bessemer.quantization.gptq import gptq_int4
+
+            codes, scale, offset = gptq_int4(w, hessian, g, q["zero_point"], act_order)
+        else:
+            scale, offset = prim.int4_group_params(w, g, q["zero_point"])
+            codes = prim.quantize_int4(w, scale, offset, g)
         approx = prim.dequantize_int4(codes, scale, offset, g)
         parts = {"codes": pack_panel16_int4(codes), "scales": pack_group_params(scale),
                  "offsets": pack_group_params(offset)}

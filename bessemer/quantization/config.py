@@ -15,8 +15,11 @@ QUANT_CONFIG_VERSION = 1
 MODES = {
     "w8a16": (8, "rtn"),
     "w4a16": (4, "rtn"),
+    "w4a16-awq": (4, "awq"),
+    "w4a16-gptq": (4, "gptq"),
 }
-PLANNED_MODES = ("w4a16-awq", "w4a16-gptq", "w8a8-sq", "fp8")
+CALIBRATED = ("awq", "gptq")
+PLANNED_MODES = ("w8a8-sq", "fp8")
 # Embeddings are a gather (no GEMM to speed up) and lm_head decides every token: both stay
 # in the build dtype unless the user removes them from the exclusions.
 DEFAULT_EXCLUDE = ("model.embed_tokens", "lm_head")
@@ -29,6 +32,10 @@ class QuantConfig:
     group_size: int = 128  # int4 only; see primitives.effective_group_size for K it doesn't divide
     zero_point: bool = False  # int4 only: asymmetric codes
     exclude_modules: tuple[str, ...] = DEFAULT_EXCLUDE  # fnmatch patterns on HF module paths
+    act_order: bool = False  # GPTQ: quantize columns by decreasing Hessian diagonal
+    calib_data: str | None = None  # plain-text file (AWQ and GPTQ)
+    calib_samples: int = 64
+    calib_seq_len: int = 512
     version: int = QUANT_CONFIG_VERSION
 
     def __post_init__(self):
@@ -39,6 +46,12 @@ class QuantConfig:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
             raise InvalidOptionError("--zero-point applies to 4-bit modes only; w8a16 is symmetric per channel")
+        if self.algorithm in CALIBRATED and not self.calib_data:
+            raise InvalidOptionError(f"--quant {self.mode} needs calibration text: pass --calib-data FILE")
+        if self.act_order and self.algorithm != "gptq":
+            raise InvalidOptionError("--act-order applies to w4a16-gptq only")
+        if self.calib_samples <= 0 or self.calib_seq_len < 2:
+            raise InvalidOptionError("--calib-samples must be positive and --calib-seq-len at least 2")
 
     @property
     def bits(self) -> int:
@@ -48,6 +61,10 @@ class QuantConfig:
     def algorithm(self) -> str:
         return MODES[self.mode][1]
 
+    @property
+    def needs_calibration(self) -> bool:
+        return self.algorithm in CALIBRATED
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["exclude_modules"] = list(self.exclude_modules)
@@ -55,4 +72,9 @@ class QuantConfig:
                  granularity="per_channel" if self.bits == 8 else "per_group")
         if self.bits == 8:
             d.pop("group_size")
+        if self.algorithm not in CALIBRATED:
+            for key in ("calib_data", "calib_samples", "calib_seq_len", "act_order"):
+                d.pop(key)
+        else:  # the file's name, not where it lay on the build machine
+            d["calib_data"] = self.calib_data.replace("\\", "/").rsplit("/", 1)[-1]
         return d

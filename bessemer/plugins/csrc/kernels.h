@@ -18,6 +18,8 @@ BESSEMER_KERNEL(attention)
 BESSEMER_KERNEL(embedding)
 BESSEMER_KERNEL(gather_rows)
 BESSEMER_KERNEL(linear)
+BESSEMER_KERNEL(linear_w4a16)
+BESSEMER_KERNEL(linear_w8a16)
 BESSEMER_KERNEL(rms_norm)
 BESSEMER_KERNEL(rope)
 BESSEMER_KERNEL(silu_mul)
@@ -30,5 +32,20 @@ void linear_avx2(const float* x, int64_t ldx, int M, const void* w, bool bf16, i
                  const float* bias, float* y, int64_t ldy, int nthreads);
 void linear_avx512(const float* x, int64_t ldx, int M, const void* w, bool bf16, int N, int K,
                    const float* bias, float* y, int64_t ldy, int nthreads);
+
+// Quantized linears (linear_quant.cpp, linear_quant_avx512.cpp); x, y, bias as above.
+// int8: q int8 panel16 [N, K], scales [N]: y = (x @ q^T) * scales.
+void linear_w8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const float* scales, int N,
+                    int K, const float* bias, float* y, int64_t ldy, int nthreads);
+void linear_w8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const float* scales, int N,
+                      int K, const float* bias, float* y, int64_t ldy, int nthreads);
+// int4: codes panel16_int4 [N, K]; scales, offsets panel16 [N, K/group]:
+// w = scale * code + offset per group.
+void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+                    const float* offsets, int group, int N, int K, const float* bias, float* y,
+                    int64_t ldy, int nthreads);
+void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+                      const float* offsets, int group, int N, int K, const float* bias, float* y,
+                      int64_t ldy, int nthreads);
 
 }  // namespace bessemer

@@ -10,6 +10,11 @@
 //     MR-row chunks: the x block (Mc x kc) stays in L2 while every group of the thread uses
 //     it, and a group's weights (kc x NR*16) stay in L1/L2 across the MR-row chunks;
 //   * GEMV (M <= MR): one row block and one K block; each weight byte is read exactly once.
+//
+// The same driver runs the quantized linears (linear_quant*.cpp): a weight format is only
+// "kbytes" (bytes per panel and k: 64 fp32, 32 bf16, 16 int8, 8 int4) plus optional
+// quantization parameters, which the driver offsets to the panel group / K block it hands
+// to the microkernel. Group-wise parameters force K blocks to whole groups.
 #pragma once
 
 #include <omp.h>
@@ -29,6 +34,21 @@ struct UkArgs {
     bool accumulate;
     const float* bias;  // bias + 16*p0, or null
     int ncols;          // valid columns in this group (<= NR*16)
+    // Quantization parameters (null for fp32/bf16 weights):
+    //   per channel (group == 0): qs = scales + 16*p0 ([N] row_major), qo unused;
+    //   group-wise (group > 0):   qs/qo = scales/offsets of panel p0 at group k0/group
+    //                             (panel16 [N, K/group]); panel n's at qs + n*qpstride.
+    const float* qs;
+    const float* qo;
+    int64_t qpstride;  // floats between panels of qs/qo (group-wise)
+    int group;         // K columns per group (kc is a multiple of it), 0 = per channel
+};
+
+// Quantization parameters of a linear (see UkArgs).
+struct QuantParams {
+    const float* scales;
+    const float* offsets;
+    int group;  // 0: per-channel scales [N] row_major; > 0: group-wise panel16 [N, K/group]
 };
 
 using UkFn = void (*)(const UkArgs&);
@@ -36,12 +56,14 @@ using UkFn = void (*)(const UkArgs&);
 inline int drv_min(int a, int b) { return a < b ? a : b; }
 inline int drv_max(int a, int b) { return a > b ? a : b; }
 
-// table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR
-inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int esz, int N, int K,
-                         const float* bias, float* y, int64_t ldy, int nthreads, int MR, int NR,
-                         const UkFn* table, int tstride) {
+// table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR; kbytes: weight bytes per panel and k.
+inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, int kbytes, int N,
+                           int K, const float* bias, float* y, int64_t ldy, int nthreads, int MR,
+                           int NR, const UkFn* table, int tstride, const QuantParams* q) {
     const int P = (N + 15) / 16;
-    const int64_t pstride = int64_t(K) * 16 * esz;
+    const int64_t pstride = int64_t(K) * kbytes;
+    const int group = q ? q->group : 0;
+    const int64_t qpstride = group > 0 ? int64_t(K / group) * 16 : 0;
     const bool gemv = M <= MR;
     // GEMV is memory bound: prefer a panel-group width that splits evenly over threads
     // (e.g. N=576: 9 groups of 4 panels -> 12 groups of 3).
@@ -54,8 +76,12 @@ inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int 
             }
         }
     const int G = (P + NR - 1) / NR;
-    const int nkb = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
-    const int kc = (K + nkb - 1) / nkb;
+    int nkb = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
+    int kc = (K + nkb - 1) / nkb;
+    if (group > 0) {  // whole groups per K block
+        kc = (kc + group - 1) / group * group;
+        nkb = (K + kc - 1) / kc;
+    }
     // Row block: x block of about 384 KiB (L2), a multiple of MR.
     const int Mc = drv_max(MR, (384 * 1024 / 4) / kc / MR * MR);
     const bool par = nthreads > 1 && double(M) * N * K >= 2e5 && (G > 1 || M > MR);
@@ -84,6 +110,9 @@ inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int 
         a.ldx = ldx;
         a.pstride = pstride;
         a.ldy = ldy;
+        a.qs = a.qo = nullptr;
+        a.qpstride = qpstride;
+        a.group = group;
         for (int m_blk = ma; m_blk < mb; m_blk += Mc) {
             const int m_end = drv_min(mb, m_blk + Mc);
             for (int kb = 0; kb < nkb; ++kb) {
@@ -93,8 +122,17 @@ inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int 
                 for (int g = ga; g < gb; ++g) {
                     const int p0 = g * NR, nr = drv_min(NR, P - p0);
                     a.ncols = drv_min(N - 16 * p0, nr * 16);
-                    a.w = static_cast<const char*>(w) + (int64_t(p0) * K + k0) * 16 * esz;
+                    a.w = static_cast<const char*>(w) + (int64_t(p0) * K + k0) * kbytes;
                     a.bias = (bias && kb == nkb - 1) ? bias + 16 * p0 : nullptr;
+                    if (q) {
+                        if (group > 0) {
+                            const int64_t off = int64_t(p0) * qpstride + int64_t(k0 / group) * 16;
+                            a.qs = q->scales + off;
+                            a.qo = q->offsets + off;
+                        } else {
+                            a.qs = q->scales + 16 * p0;
+                        }
+                    }
                     for (int m0 = m_blk; m0 < m_end; m0 += MR) {
                         const int mr = drv_min(MR, m_end - m0);
                         a.x = x + m0 * ldx + k0;
@@ -105,6 +143,13 @@ inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int 
             }
         }
     }
+}
+
+// fp32 (esz 4) / bf16 (esz 2) panel16 weights.
+inline void linear_drive(const float* x, int64_t ldx, int M, const void* w, int esz, int N, int K,
+                         const float* bias, float* y, int64_t ldy, int nthreads, int MR, int NR,
+                         const UkFn* table, int tstride) {
+    linear_drive_q(x, ldx, M, w, 16 * esz, N, K, bias, y, ldy, nthreads, MR, NR, table, tstride, nullptr);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ const KernelDef kKernels[] = {
     {"embedding", 1, prepare_embedding, run_embedding},
     {"gather_rows", 1, prepare_gather_rows, run_gather_rows},
     {"linear", 1, prepare_linear, run_linear},
+    {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
+    {"linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {"rms_norm", 1, prepare_rms_norm, run_rms_norm},
     {"rope", 1, prepare_rope, run_rope},
     {"silu_mul", 1, prepare_silu_mul, run_silu_mul},
@@ -48,6 +50,7 @@ const char* layout_name(int layout) {
     switch (layout) {
         case LAYOUT_ROW_MAJOR: return "row_major";
         case LAYOUT_PANEL16: return "panel16";
+        case LAYOUT_PANEL16_INT4: return "panel16_int4";
         default: return "unknown";
     }
 }

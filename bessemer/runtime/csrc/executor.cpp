@@ -177,6 +177,13 @@ void Executor::load_tensors(const py::object& tensors) {
             const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
             if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
             expect = (n * k * bits + 7) / 8;
+        } else if (t->layout == LAYOUT_PANEL16_INT4) {
+            // 4-bit codes, 8 bytes per (panel of 16 rows, k); see engine_format.py.
+            if (t->dtype != DT_I4) fail(where + ": panel16_int4 layout needs dtype int4");
+            if (t->shape.size() != 2) fail(where + ": panel16_int4 layout needs a 2-D shape");
+            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
+            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
+            expect = n * k / 2;
         } else {
             fail(where + ": unknown layout id " + std::to_string(t->layout));
         }

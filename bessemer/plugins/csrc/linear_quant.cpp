@@ -1,0 +1,247 @@
+// linear_w8a16@1 and linear_w4a16@1: fp32 activations times int8 / int4 weight codes.
+//
+//   w8: q int8 panel16 [N, K], scales [N]:        y = (x @ q^T) * scales (+ bias)
+//   w4: codes int4 panel16_int4 [N, K], scales and offsets panel16 [N, K/G]:
+//       y = sum_g scales[:, g] * (x_g @ codes_g^T) + offsets[:, g] * sum(x_g) (+ bias)
+//
+// This file holds prepare/run (ISA dispatch) and the AVX2 microkernels; the AVX-512 ones
+// live in linear_quant_avx512.cpp. Both run under the blocking/threading driver of
+// linear@1 (linear_driver.h). The codes are widened to fp32 in registers inside the k
+// loop (never a dequantized copy in memory) and accumulated with fp32 FMAs exactly like
+// linear@1; the per-channel / per-group scale (and offset * row sum) is applied once per
+// group in the microkernel epilogue, so conversion cost is paid once per weight and k and
+// shared by the MR rows of the microkernel.
+#include <algorithm>
+
+#include "kernels.h"
+#include "linear_driver.h"
+#include "simd_avx2.h"
+
+namespace bessemer {
+
+using namespace simd;
+
+// ---------------------------------------------------------------- prepare / run
+// iv: 0 N, 1 K, 2 group (w4)
+
+void prepare_linear_w8a16(KernelCall& c, const PlanInfo& p) {
+    expect_arity(c, 1, 1, 2, 3);
+    same_rows(c, p);
+    const int N = c.outs[0].width, K = c.ins[0].width;
+    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    expect_weight(c, 0, {DT_I8}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
+    expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    if (c.weights.size() == 3) expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
+    c.iv[0] = N;
+    c.iv[1] = K;
+}
+
+void run_linear_w8a16(const KernelCall& c, const StepContext& ctx) {
+    const int M = ctx.rows(c.rows);
+    if (M == 0) return;
+    const int N = int(c.iv[0]), K = int(c.iv[1]);
+    const auto* q = static_cast<const int8_t*>(c.weights[0]->data);
+    const auto* scales = static_cast<const float*>(c.weights[1]->data);
+    const float* bias = c.weights.size() == 3 ? static_cast<const float*>(c.weights[2]->data) : nullptr;
+    const float* x = ctx.ptr(c.ins[0]);
+    float* y = ctx.ptr(c.outs[0]);
+    if (ctx.isa == Isa::AVX512)
+        linear_w8_avx512(x, ctx.ld(c.ins[0]), M, q, scales, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+    else
+        linear_w8_avx2(x, ctx.ld(c.ins[0]), M, q, scales, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+}
+
+void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
+    expect_arity(c, 1, 1, 3, 4);
+    same_rows(c, p);
+    const int N = c.outs[0].width, K = c.ins[0].width;
+    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    const int64_t G = attr_int(c, "group_size");
+    if (G <= 0 || G > K || K % G != 0)
+        kernel_error(c, "group_size " + std::to_string(G) + " must be > 0 and divide K = " + std::to_string(K));
+    if (G % 16 != 0 && G != K)
+        kernel_error(c, "group_size " + std::to_string(G) + " must be a multiple of 16 or equal K = " +
+                            std::to_string(K));
+    expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
+    expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+    expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+    if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
+    c.iv[0] = N;
+    c.iv[1] = K;
+    c.iv[2] = G;
+}
+
+void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
+    const int M = ctx.rows(c.rows);
+    if (M == 0) return;
+    const int N = int(c.iv[0]), K = int(c.iv[1]), G = int(c.iv[2]);
+    const auto* codes = static_cast<const uint8_t*>(c.weights[0]->data);
+    const auto* scales = static_cast<const float*>(c.weights[1]->data);
+    const auto* offsets = static_cast<const float*>(c.weights[2]->data);
+    const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
+    const float* x = ctx.ptr(c.ins[0]);
+    float* y = ctx.ptr(c.outs[0]);
+    if (ctx.isa == Isa::AVX512)
+        linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
+                         ctx.nthreads);
+    else
+        linear_w4_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
+                       ctx.nthreads);
+}
+
+// ---------------------------------------------------------------- AVX2
+namespace {
+
+constexpr int kMR2 = 6;  // rows per microkernel
+constexpr int kNR2 = 2;  // max panels per microkernel (2 only for M <= 2)
+
+enum QKind { Q8 = 0, Q4 = 1 };
+
+// 16 weights of one panel at one k, as fp32 (rows 0-7, rows 8-15).
+template <int QK>
+inline void decode16(const char* p, int k, __m256& w0, __m256& w1) {
+    if (QK == Q8) {
+        const char* b = p + k * 16;
+        w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+        w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8))));
+    } else {  // byte j: row j in the low nibble, row 8 + j in the high nibble
+        const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k * 8)));
+        w0 = _mm256_cvtepi32_ps(_mm256_and_si256(d, _mm256_set1_epi32(0xF)));
+        w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4));
+    }
+}
+
+inline float sum_avx2(const float* p, int n) {
+    __m256 s = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(p + i));
+    float r = hsum256(s);
+    for (; i < n; ++i) r += p[i];
+    return r;
+}
+
+// One call covers a.kc columns of K: a.kc / G groups (w8: one group of kc, per-channel
+// scales). Per group: fp32 dot of x with the codes in registers, then
+// y (+)= scale * dot (+ offset * sum(x_g)) (+ bias after the last group of the last K block).
+template <int MR, int NR, int QK>
+void ukr_q_avx2(const UkArgs& a) {
+    const float* xr[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) xr[r] = a.x + r * a.ldx;
+    const char* wp[NR];
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
+    const int G = QK == Q4 ? a.group : a.kc;
+    const int ng = a.kc / G;
+    for (int g = 0; g < ng; ++g) {
+        __m256 acc[MR][NR][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+            for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+        const int k0 = g * G, k1 = k0 + G;
+        for (int k = k0; k < k1; ++k) {
+            __m256 wv[NR][2];
+#pragma GCC unroll 4
+            for (int n = 0; n < NR; ++n) decode16<QK>(wp[n], k, wv[n][0], wv[n][1]);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                const __m256 xb = _mm256_broadcast_ss(xr[r] + k);
+#pragma GCC unroll 4
+                for (int n = 0; n < NR; ++n) {
+                    acc[r][n][0] = _mm256_fmadd_ps(xb, wv[n][0], acc[r][n][0]);
+                    acc[r][n][1] = _mm256_fmadd_ps(xb, wv[n][1], acc[r][n][1]);
+                }
+            }
+        }
+        float sx[MR];
+        if (QK == Q4)
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) sx[r] = sum_avx2(xr[r] + k0, G);
+        const bool load_y = g > 0 || a.accumulate;
+        const float* bias = g == ng - 1 ? a.bias : nullptr;
+#pragma GCC unroll 4
+        for (int n = 0; n < NR; ++n) {
+            const int col0 = n * 16;
+            const int nc = a.ncols - col0;
+            if (nc <= 0) break;
+            const float* sp = QK == Q4 ? a.qs + n * a.qpstride + g * 16 : a.qs + col0;
+            const float* op = QK == Q4 ? a.qo + n * a.qpstride + g * 16 : nullptr;
+            if (nc >= 16) {
+                const __m256 s0 = _mm256_loadu_ps(sp), s1 = _mm256_loadu_ps(sp + 8);
+                __m256 o0 = _mm256_setzero_ps(), o1 = o0;
+                if (QK == Q4) o0 = _mm256_loadu_ps(op), o1 = _mm256_loadu_ps(op + 8);
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; ++r) {
+                    float* yp = a.y + r * a.ldy + col0;
+                    __m256 v0 = _mm256_mul_ps(acc[r][n][0], s0), v1 = _mm256_mul_ps(acc[r][n][1], s1);
+                    if (QK == Q4) {
+                        const __m256 sb = _mm256_set1_ps(sx[r]);
+                        v0 = _mm256_fmadd_ps(o0, sb, v0);
+                        v1 = _mm256_fmadd_ps(o1, sb, v1);
+                    }
+                    if (load_y) {
+                        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yp));
+                        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yp + 8));
+                    }
+                    if (bias) {
+                        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias + col0));
+                        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias + col0 + 8));
+                    }
+                    _mm256_storeu_ps(yp, v0);
+                    _mm256_storeu_ps(yp + 8, v1);
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; ++r) {
+                    alignas(32) float tmp[16];
+                    _mm256_store_ps(tmp, acc[r][n][0]);
+                    _mm256_store_ps(tmp + 8, acc[r][n][1]);
+                    float* yp = a.y + r * a.ldy + col0;
+                    for (int j = 0; j < nc; ++j) {
+                        float val = tmp[j] * sp[j];
+                        if (QK == Q4) val = std::fma(op[j], sx[r], val);
+                        if (load_y) val += yp[j];
+                        if (bias) val += bias[col0 + j];
+                        yp[j] = val;
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <int QK>
+struct UkTableQ2 {
+    UkFn f[(kMR2 + 1) * (kNR2 + 1)];
+    template <int MR, int NR>
+    constexpr void set() { f[MR * (kNR2 + 1) + NR] = ukr_q_avx2<MR, NR, QK>; }
+    constexpr UkTableQ2() : f{} {
+        set<1, 1>(); set<2, 1>(); set<3, 1>(); set<4, 1>(); set<5, 1>(); set<6, 1>();
+        set<1, 2>(); set<2, 2>();
+    }
+};
+
+const UkTableQ2<Q8> kTableW8;
+const UkTableQ2<Q4> kTableW4;
+
+}  // namespace
+
+void linear_w8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const float* scales, int N, int K,
+                    const float* bias, float* y, int64_t ldy, int nthreads) {
+    const QuantParams qp{scales, nullptr, 0};
+    linear_drive_q(x, ldx, M, q, 16, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableW8.f, kNR2 + 1,
+                   &qp);
+}
+
+void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+                    const float* offsets, int group, int N, int K, const float* bias, float* y, int64_t ldy,
+                    int nthreads) {
+    const QuantParams qp{scales, offsets, group};
+    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableW4.f,
+                   kNR2 + 1, &qp);
+}
+
+}  // namespace bessemer

@@ -1,0 +1,95 @@
+"""AWQ: per-input-channel scales s that protect the weights salient activations hit.
+
+For a group of linears reading one input X, a grid search over alpha picks
+s = mean|x|^alpha / mean|w|^(1 - alpha) minimising ||X W^T - X (Q(W diag(s)) / s)^T||^2.
+The scaled weights W diag(s) are quantized; the 1/s is folded, exactly, into whatever
+produces X: the RMSNorm weight before q/k/v and gate/up, the up_proj rows before
+down_proj. (o_proj keeps s = 1: with grouped KV heads no per-channel fold exists.)
+Reference: Lin et al., 2023.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bessemer.quantization import primitives as prim
+
+GRID = 20
+
+
+def fake_quant_int4(w: np.ndarray, group: int, zero_point: bool) -> np.ndarray:
+    scale, offset = prim.int4_group_params(w, group, zero_point)
+    return prim.dequantize_int4(prim.quantize_int4(w, scale, offset, group), scale, offset, group)
+
+
+def search_scale(weights: list[np.ndarray], x_abs_mean: np.ndarray, x_sample: np.ndarray,
+                 group: int, zero_point: bool) -> tuple[np.ndarray, float, float]:
+    """weights: the (N_i, K) matrices reading input x; x_sample: (R, K).
+    Returns (s (K,), best alpha, loss reduction vs s = 1 as a ratio)."""
+    w = np.concatenate(weights, axis=0).astype(np.float32)
+    n, k = w.shape
+    wg = np.abs(w.reshape(n, k // group, group))
+    w_mean = (wg / np.maximum(wg.max(axis=2, keepdims=True), 1e-12)).reshape(n, k).mean(axis=0)
+    x = x_sample.astype(np.float32)
+    ref = x @ w.T
+    best = (np.inf, None, 0.0)
+    for i in range(GRID):
+        alpha = i / GRID
+        s = np.maximum(x_abs_mean, 1e-4) ** alpha / np.maximum(w_mean, 1e-4) ** (1 - alpha)
+        s = (s / np.sqrt(s.max() * s.min())).astype(np.float32)
+        approx = fake_quant_int4(w * s[None, :], group, zero_point) / s[None, :]
+        loss = float(((x @ approx.T - ref) ** 2).mean())
+        if loss < best[0]:
+            best = (loss, s, alpha)
+    # plain RTN (s = 1) is a candidate too: AWQ must never make a layer worse
+    rtn = float(((x @ fake_quant_int4(w, group, zero_point).T - ref) ** 2).mean())
+    if rtn <= best[0]:
+        return np.ones(k, dtype=np.float32), -1.0, 1.0
+    return best[1], best[2], best[0] / rtn
+
+
+def awq_transforms(get, num_layers: int, stats: dict, group_size: int, zero_point: bool,
+                   progress=lambda m: None) -> tuple[dict, dict]:
+    """Scales for every decoder layer of a Llama-like checkpoint (HF module paths).
+
+    Returns ({tensor name: (row_scale | None, col_scale | None)}, report). `get(name)` reads
+    an fp32 checkpoint tensor. A 1-D tensor (norm weight) is multiplied by its row_scale.
+    """
+    transforms: dict[str, list] = {}
+
+    def scale(name: str, row=None, col=None):
+        t = transforms.setdefault(name, [None, None])
+        if row is not None:
+            t[0] = row if t[0] is None else t[0] * row
+        if col is not None:
+            t[1] = col if t[1] is None else t[1] * col
+
+    report = {}
+    for i in range(num_layers):
+        p = f"model.layers.{i}"
+        groups = [  # (input key, weights reading it, where 1/s is folded)
+            (f"{p}.self_attn.q_proj", [f"{p}.self_attn.{m}_proj.weight" for m in "qkv"], f"{p}.input_layernorm.weight"),
+            (f"{p}.mlp.gate_proj", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
+             f"{p}.post_attention_layernorm.weight"),
+            (f"{p}.mlp.down_proj", [f"{p}.mlp.down_proj.weight"], f"{p}.mlp.up_proj.weight"),
+        ]
+        for key, names, fold in groups:
+            st = stats[key]
+            ws = [get(n) for n in names]
+            g = prim.effective_group_size(ws[0].shape[1], group_size)
+            s, alpha, ratio = search_scale(ws, st["abs_mean"], st["sample"], g, zero_point)
+            for n in names:
+                scale(n, col=s)
+            scale(fold, row=(1.0 / s).astype(np.float32))
+            report[key] = {"alpha": alpha, "loss_vs_rtn": round(float(ratio), 4)}
+        progress(f"awq: layer {i + 1}/{num_layers}")
+    return {k: tuple(v) for k, v in transforms.items()}, report
+
+
+def apply_transform(arr: np.ndarray, transform) -> np.ndarray:
+    row, col = transform
+    if row is not None:
+        arr = arr * (row if arr.ndim == 1 else row[:, None])
+    if col is not None:
+        arr = arr * col[None, :]
+    return arr.astype(np.float32)

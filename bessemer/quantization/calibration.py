@@ -1,0 +1,156 @@
+"""Calibration: activation statistics of every linear's input, a build step of its own.
+
+The checkpoint runs (HF transformers, fp32, on the CPU) over windows of a calibration
+text; forward hooks gather, per distinct linear input, what the algorithms need:
+
+    hessian    sum of x^T x over all rows      (K, K)  GPTQ
+    abs_mean   mean |x| per input channel      (K,)    AWQ scale search
+    sample     a fixed subset of rows          (R, K)  AWQ loss
+
+q/k/v (and gate/up) read the same input, so it is recorded once, under the first one.
+Results are cached by content hash (checkpoint tensors, text, samples, length, version),
+so building another mode from the same data does not recompute them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from bessemer.errors import BessemerError
+
+STATS_VERSION = 1
+SAMPLE_ROWS = 256
+# siblings that read the same input as the first member of their group
+SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    data: Path
+    num_samples: int = 64
+    seq_len: int = 512
+
+    def __post_init__(self):
+        if self.num_samples <= 0 or self.seq_len < 2:
+            raise BessemerError("--calib-samples must be positive and --calib-seq-len at least 2")
+
+
+def input_key(module_name: str) -> str:
+    """The name calibration stores a linear's input under (q_proj for k/v, gate for up)."""
+    parent, _, leaf = module_name.rpartition(".")
+    return f"{parent}.{SHARED_INPUT.get(leaf, leaf)}"
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("BESSEMER_CACHE", Path.home() / ".cache" / "bessemer"))
+    return root / "calibration"
+
+
+def _content_hash(model_dir: Path, spec: CalibrationSpec) -> str:
+    h = hashlib.sha256(f"v{STATS_VERSION}:{spec.num_samples}:{spec.seq_len}".encode())
+    for f in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json", spec.data]:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()[:32]
+
+
+def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    if not spec.data.is_file():
+        raise BessemerError(f"calibration data {spec.data} does not exist; pass a plain-text file with --calib-data")
+    tok_path = model_dir / "tokenizer.json"
+    if not tok_path.exists():
+        raise BessemerError(f"{tok_path} is missing; calibration needs the checkpoint's tokenizer")
+    tok = Tokenizer.from_file(str(tok_path))
+    need = spec.num_samples * spec.seq_len
+    text = spec.data.read_text(encoding="utf-8", errors="replace")
+    ids = tok.encode(text[: need * 8], add_special_tokens=False).ids
+    wins = [ids[i:i + spec.seq_len] for i in range(0, len(ids) - spec.seq_len + 1, spec.seq_len)][: spec.num_samples]
+    if not wins:
+        raise BessemerError(f"calibration data {spec.data} has fewer than {spec.seq_len} tokens; use a longer file")
+    return wins
+
+
+def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Returns {input_key: {"hessian", "abs_mean", "sample", "rows"}} (numpy), cached."""
+    model_dir = Path(model_dir)
+    key = _content_hash(model_dir, spec)
+    path = cache_dir() / f"{key}.npz"
+    if path.exists():
+        progress(f"calibration: cached statistics {path}")
+        return _load(path)
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise BessemerError("calibrated quantization needs torch and transformers; "
+                            "run `pip install torch==2.13.0 transformers`") from None
+    wins = calibration_windows(model_dir, spec)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    stats: dict[str, dict] = {}
+    rng = np.random.default_rng(0)
+    take = max(1, SAMPLE_ROWS // len(wins))
+
+    def hook(name):
+        def record(module, args, output):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # (rows, K)
+            s = stats.setdefault(name, {"hessian": torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64),
+                                        "abs_sum": torch.zeros(x.shape[1], dtype=torch.float64),
+                                        "sample": [], "rows": 0})
+            s["hessian"] += (x.T @ x).double()
+            s["abs_sum"] += x.abs().sum(0).double()
+            s["rows"] += x.shape[0]
+            rows = rng.choice(x.shape[0], size=min(take, x.shape[0]), replace=False)
+            s["sample"].append(x[torch.from_numpy(np.sort(rows))].numpy())
+        return record
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and input_key(name) == name and name != "lm_head"]
+    try:
+        with torch.no_grad():
+            for i, w in enumerate(wins):
+                model(torch.tensor([w]))
+                if (i + 1) % 8 == 0 or i + 1 == len(wins):
+                    progress(f"calibration: {i + 1}/{len(wins)} samples of {spec.seq_len} tokens")
+    finally:
+        for h in handles:
+            h.remove()
+    result = {name: {"hessian": s["hessian"].float().numpy(), "abs_mean": (s["abs_sum"] / s["rows"]).float().numpy(),
+                     "sample": np.concatenate(s["sample"])[:SAMPLE_ROWS], "rows": np.int64(s["rows"])}
+              for name, s in stats.items()}
+    _save(path, result)
+    progress(f"calibration: statistics cached in {path}")
+    return result
+
+
+def _save(path: Path, stats: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = {f"{name}::{field}": value for name, s in stats.items() for field, value in s.items()}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **flat)
+    os.replace(tmp, path)
+
+
+def _load(path: Path) -> dict:
+    out: dict[str, dict] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            name, field = key.split("::")
+            out.setdefault(name, {})[field] = data[key]
+    return out
+
+
+def describe(spec: CalibrationSpec | None) -> dict | None:
+    if spec is None:
+        return None
+    return {"data": spec.data.name, "num_samples": spec.num_samples, "seq_len": spec.seq_len,
+            "stats_version": STATS_VERSION}
+
