@@ -5,7 +5,9 @@ Workloads (same token ids for every system, EOS ignored, 2 threads by default):
   decode    batch 1, 128 new tokens -> (tokens - 1) / (last token time - first token time)
   batch8    8 prompts generated together, 128 new tokens each -> generated tok/s over wall time
 Each figure is the median of --repeats runs after a warm-up; runs of different systems are
-interleaved so that a burst of load on this shared machine hits all of them alike.
+interleaved so that a burst of load on this shared machine hits all of them alike. Every
+system lives in its own worker process, so torch's and Bessemer's thread pools never
+compete for the same cores.
 Also: build time and peak RSS of `build-engine` (a subprocess), engine sizes.
 
     python bench/decode.py --model DIR [--threads 2] [--repeats 3] [--out bench/results]
@@ -36,7 +38,7 @@ def prompt_ids(tokenizer_encode, n: int, seed: int) -> list[int]:
 
 def build(model: Path, out: Path, dtype: str) -> dict:
     t = time.perf_counter()
-    subprocess.run(["build-engine", str(model), "--output", str(out), "--dtype", dtype,
+    subprocess.run([sys.executable, "-m", "bessemer.cli.build", str(model), "--output", str(out), "--dtype", dtype,
                     "--max-seq-len", "2048", "-q"], check=True)
     seconds = time.perf_counter() - t
     report = json.loads((out / "build_report.json").read_text())  # the build's own peak RSS
@@ -108,6 +110,41 @@ class HFSystem:
         return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - t)
 
 
+def _worker(kind: str, path: str, threads: int, conn) -> None:
+    """Runs one system in its own process: builds it, then answers (method, arg) requests."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    system = EngineSystem(Path(path), threads) if kind == "engine" else HFSystem(Path(path), threads)
+    conn.send(("ready", None))
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        method, arg = request
+        conn.send(("ok", getattr(system, method)(arg)))
+
+
+class Remote:
+    """A system in a worker process, called like a local one."""
+
+    def __init__(self, kind: str, path: Path, threads: int):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(kind, str(path), threads, child), daemon=True)
+        self.proc.start()
+        assert self.conn.recv()[0] == "ready"
+
+    def call(self, method: str, arg):
+        self.conn.send((method, arg))
+        status, value = self.conn.recv()
+        return value
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path)
@@ -123,13 +160,15 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         print(f"building {dtype} engine ...", file=sys.stderr)
         builds[dtype] = build(args.model, args.engines / f"smollm2-{dtype}", dtype)
-    systems = {"bessemer-fp32": EngineSystem(args.engines / "smollm2-float32", args.threads),
-               "bessemer-bf16": EngineSystem(args.engines / "smollm2-bfloat16", args.threads),
-               "hf-fp32": HFSystem(args.model, args.threads)}
-    encode = systems["bessemer-fp32"].llm.tokenizer.encode
+    from bessemer.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(args.engines / "smollm2-float32")
+    systems = {"bessemer-fp32": Remote("engine", args.engines / "smollm2-float32", args.threads),
+               "bessemer-bf16": Remote("engine", args.engines / "smollm2-bfloat16", args.threads),
+               "hf-fp32": Remote("hf", args.model, args.threads)}
+    encode = tokenizer.encode
     long_prompt = prompt_ids(encode, 512, 0)
-    chat = systems["bessemer-fp32"].llm.tokenizer.encode_chat(
-        [{"role": "user", "content": "Tell me a long story about a steel mill."}])
+    chat = tokenizer.encode_chat([{"role": "user", "content": "Tell me a long story about a steel mill."}])
     batch_prompts = [prompt_ids(encode, 32 + 8 * i, i + 1) for i in range(8)]
     workloads = {"prefill_tok_s": ("prefill", long_prompt), "decode_tok_s": ("decode", chat),
                  "batch8_tok_s": ("batch", batch_prompts)}
@@ -137,11 +176,11 @@ def main() -> None:
     results = {name: {w: [] for w in workloads} for name in systems}
     for name, system in systems.items():  # warm-up
         for method, arg in workloads.values():
-            getattr(system, method)(arg if method != "batch" else arg[:2])
+            system.call(method, arg if method != "batch" else arg[:2])
     for rep in range(args.repeats):
         for w, (method, arg) in workloads.items():
             for name, system in systems.items():
-                results[name][w].append(getattr(system, method)(arg))
+                results[name][w].append(system.call(method, arg))
                 print(f"[{rep + 1}/{args.repeats}] {name:14s} {w:14s} {results[name][w][-1]:9.1f}", file=sys.stderr)
 
     medians = {n: {w: round(statistics.median(v), 2) for w, v in r.items()} for n, r in results.items()}
@@ -151,6 +190,8 @@ def main() -> None:
               "prompt_tokens": {"prefill": len(long_prompt), "decode": len(chat),
                                 "batch8": [len(p) for p in batch_prompts]},
               "medians": medians, "ratio_vs_hf_fp32": ratios, "runs": results, "builds": builds}
+    for system in systems.values():
+        system.close()
     (args.out / "decode.json").write_text(json.dumps(report, indent=2))
     print(f"\n{'system':15s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'batch8 tok/s':>13s}")
     for n in systems:

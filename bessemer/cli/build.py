@@ -80,3 +80,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     build = BuildConfig(**options, quant=QuantConfig(mode, **quant_options) if mode else None)
     path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet))
     click.echo(str(path))
+
+
+if __name__ == "__main__":
+    main()

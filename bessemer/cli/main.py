@@ -31,3 +31,7 @@ def inspect(engine_dir, as_json):
 
     info = describe(engine_dir)
     click.echo(json.dumps(info, indent=2) if as_json else format_description(info))
+
+
+if __name__ == "__main__":
+    main()

@@ -80,3 +80,7 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
             click.echo(f"{text}{out.text}" if not chat else out.text)
             if len(outputs) > 1:
                 click.echo("-" * 40)
+
+
+if __name__ == "__main__":
+    main()

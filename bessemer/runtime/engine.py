@@ -7,11 +7,11 @@ size or sha256 differs from config.json is reported as corrupt.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bessemer.builder.engine_format import sha256_file
 from bessemer.errors import EngineLoadError
 
 SUPPORTED_FORMAT_MAJOR = 1
@@ -25,14 +25,6 @@ def _native():
     except ImportError as e:
         raise EngineLoadError(f"the Bessemer C++ runtime is not built ({e}); run `make install`") from None
     return _C
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -96,7 +88,7 @@ class Engine:
         if path.stat().st_size != entry["size"]:
             raise EngineLoadError(f"rank file {path} is truncated or corrupt ({path.stat().st_size} bytes, "
                                   f"config.json says {entry['size']}); rebuild the engine")
-        if verify_checksum and _sha256(path) != entry["sha256"]:
+        if verify_checksum and sha256_file(path) != entry["sha256"]:
             raise EngineLoadError(f"rank file {path} is corrupt (sha256 differs from config.json); rebuild the engine")
         try:
             file = _C.EngineFile(str(path))

@@ -1,0 +1,47 @@
+"""AWQ and GPTQ against round-to-nearest on the quantity each one minimises (output error
+on real-looking activations), and their folding/storage invariants."""
+
+import numpy as np
+
+from bessemer.quantization import primitives as prim
+from bessemer.quantization.awq import apply_transform, fake_quant_int4, search_scale
+from bessemer.quantization.gptq import gptq_int4
+
+
+def _activations(rows=512, k=128, seed=0):
+    """Correlated activations with a few salient channels, as in real LLM layers."""
+    rng = np.random.default_rng(seed)
+    mix = rng.standard_normal((k, k)).astype(np.float32) / np.sqrt(k)
+    x = rng.standard_normal((rows, k)).astype(np.float32) @ (np.eye(k, dtype=np.float32) + mix)
+    x[:, rng.choice(k, 4, replace=False)] *= 12.0
+    return x
+
+
+def _out_err(x, w, approx):
+    return float(((x @ (w - approx).T) ** 2).mean())
+
+
+def test_gptq_beats_rtn_on_output_error_and_stays_on_the_grid():
+    rng = np.random.default_rng(1)
+    x, w = _activations(), rng.standard_normal((48, 128)).astype(np.float32)
+    codes, scale, offset = gptq_int4(w, x.T.astype(np.float64) @ x, 32, zero_point=False)
+    gptq = prim.dequantize_int4(codes, scale, offset, 32)
+    rtn = fake_quant_int4(w, 32, False)
+    assert _out_err(x, w, gptq) < 0.8 * _out_err(x, w, rtn)
+    assert codes.max() <= 15 and (prim.quantize_int4(gptq, scale, offset, 32) == codes).all()
+    ordered, _, _ = gptq_int4(w, x.T.astype(np.float64) @ x, 32, zero_point=True, act_order=True)
+    assert ordered.shape == codes.shape
+
+
+def test_awq_scales_reduce_output_error_and_fold_exactly():
+    rng = np.random.default_rng(2)
+    x, w = _activations(), rng.standard_normal((64, 128)).astype(np.float32)
+    s, alpha, ratio = search_scale([w[:32], w[32:]], np.abs(x).mean(axis=0), x, 32, zero_point=False)
+    assert ratio < 1.0 and 0.0 <= alpha < 1.0
+    awq = fake_quant_int4(w * s[None, :], 32, False) / s[None, :]
+    assert _out_err(x, w, awq) < _out_err(x, w, fake_quant_int4(w, 32, False))
+    # folding: (x / s) @ (w * s)^T == x @ w^T, with the 1/s applied to what produced x
+    norm = rng.standard_normal(128).astype(np.float32)
+    folded_norm = apply_transform(norm, ((1 / s).astype(np.float32), None))
+    scaled_w = apply_transform(w, (None, s))
+    assert np.allclose((x * folded_norm) @ scaled_w.T, (x * norm) @ w.T, rtol=1e-4, atol=1e-3)
