@@ -104,7 +104,7 @@ def _default_threads() -> int:
 class LLM:
     def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, enable_prefix_caching: bool = True):
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
         build = self.engine.build
         self.max_seq_len = int(build["max_seq_len"])
@@ -119,7 +119,7 @@ class LLM:
         one_seq = blocks_needed(self.max_seq_len, self.block_size)
         self.num_kv_blocks = max(one_seq, min(one_seq * self.max_batch_size, budget // per_block))
         self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
-        self.blocks = BlockManager(self.num_kv_blocks, self.block_size)
+        self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
         self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
         self._tokenizer: Tokenizer | None = None
         self._eos_ids = self._find_eos_ids()
@@ -207,7 +207,7 @@ class LLM:
         for chunk in batch:
             seq = chunk.seq
             completes = chunk.completes
-            seq.num_computed += chunk.num_tokens
+            scheduler.computed(chunk)
             if not completes:
                 continue
             params = seq.params

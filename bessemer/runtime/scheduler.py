@@ -26,6 +26,7 @@ class Sequence:
     rng: np.random.Generator
     num_computed: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
+    block_keys: list[int] = field(default_factory=list)  # prefix-cache chain of its full blocks
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
     arrival_time: float = 0.0
@@ -69,8 +70,9 @@ class Scheduler:
 
     def _preempt(self, victim: Sequence) -> None:
         self.running.remove(victim)
-        self.blocks.free(victim.block_table)
+        self.blocks.free(victim.block_table)  # its full blocks stay cached for its return
         victim.num_computed = 0
+        victim.block_keys.clear()
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
 
@@ -96,8 +98,13 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
+            if seq.num_computed == 0:
+                self._reuse_cached_prefix(seq)
             n = min(seq.num_pending, budget)
             if not self.blocks.can_allocate(seq.block_table, seq.num_computed + n):
+                self.blocks.free(seq.block_table)  # give the shared prefix back while waiting
+                seq.num_computed = 0
+                seq.block_keys.clear()
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq.block_table, seq.num_computed + n)
@@ -105,6 +112,20 @@ class Scheduler:
             batch.append(ScheduledChunk(seq, n))
             budget -= n
         return batch
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Starts `seq` after the cached blocks its tokens begin with. At least one token
+        is always computed, since its logits are needed."""
+        bs = self.blocks.block_size
+        limit = (len(seq.token_ids) - 1) // bs * bs
+        seq.block_table, seq.block_keys = self.blocks.match_prefix(seq.token_ids, limit)
+        seq.num_computed = len(seq.block_table) * bs
+
+    def computed(self, chunk: ScheduledChunk) -> None:
+        """Called after a step: the chunk's tokens now have K/V in the cache."""
+        seq = chunk.seq
+        seq.num_computed += chunk.num_tokens
+        self.blocks.register(seq.token_ids, seq.block_table, seq.num_computed, seq.block_keys)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
