@@ -21,7 +21,7 @@ from bessemer.errors import InvalidOptionError, RequestError
 from bessemer.runtime.engine import Engine
 from bessemer.runtime.kv_cache import BlockManager, blocks_needed
 from bessemer.runtime.model_runner import run_step
-from bessemer.runtime.sampler import sample, top_logprobs
+from bessemer.runtime.sampler import apply_penalties, sample, top_logprobs
 from bessemer.runtime.scheduler import ScheduledChunk, Scheduler, Sequence
 from bessemer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -39,6 +39,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top-k logprobs per generated token
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # >1 discourages tokens of the prompt and output
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    min_tokens: int = 0  # stop tokens are masked until this many tokens are generated
+    n: int = 1  # completions per prompt (seeds seed, seed+1, ...)
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -51,6 +57,16 @@ class SamplingParams:
             raise InvalidOptionError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
         if self.logprobs is not None and self.logprobs < 0:
             raise InvalidOptionError(f"logprobs must be >= 0, got {self.logprobs}")
+        if not 0 <= self.min_p <= 1:
+            raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise InvalidOptionError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            raise InvalidOptionError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise InvalidOptionError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise InvalidOptionError(f"n must be a positive integer, got {self.n}")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -147,7 +163,7 @@ class LLM:
         return ids
 
     # ---- requests ----
-    def _make_sequence(self, token_ids: list[int], params: SamplingParams) -> Sequence:
+    def _make_sequence(self, token_ids: list[int], params: SamplingParams, index: int = 0) -> Sequence:
         if not token_ids:
             raise RequestError("the prompt is empty; give at least one token")
         if len(token_ids) >= self.max_seq_len:
@@ -157,7 +173,7 @@ class LLM:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        seed = params.seed if params.seed is not None else self._seed + self._next_id
+        seed = params.seed + index if params.seed is not None else self._seed + self._next_id
         seq = Sequence(self._next_id, list(token_ids), len(token_ids), params,
                        np.random.default_rng(seed), arrival_time=time.perf_counter())
         self._next_id += 1
@@ -181,10 +197,12 @@ class LLM:
         items = self._tokenize(prompts)
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(items)
-        seqs = [self._make_sequence(ids, p) for (_, ids), p in zip(items, params_list)]
+        # n completions per prompt: n sequences, seeds seed, seed+1, ... when a seed is given
+        groups = [[self._make_sequence(ids, p, i) for i in range(p.n)] for (_, ids), p in zip(items, params_list)]
+        seqs = [s for g in groups for s in g]
         detoks = {s.seq_id: IncrementalDetokenizer(self.tokenizer) for s in seqs} if (
             on_delta or any(p.stop_strings for p in params_list)) else {}
-        index_of = {s.seq_id: i for i, s in enumerate(seqs)}
+        index_of = {s.seq_id: i for i, g in enumerate(groups) for s in g}
         texts: dict[int, str] = {}
         scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
         for s in seqs:
@@ -198,7 +216,7 @@ class LLM:
             self.num_preemptions += scheduler.num_preemptions
             for s in list(scheduler.running):  # an error mid-batch must not leak blocks
                 scheduler.finish(s, "abort")
-        return [self._output(s, text, texts) for s, (text, _) in zip(seqs, items)]
+        return [self._output(g, text, texts) for g, (text, _) in zip(groups, items)]
 
     def _postprocess(self, scheduler: Scheduler, batch: list[ScheduledChunk], logits: np.ndarray,
                      detoks, texts, on_delta, index_of) -> None:
@@ -211,7 +229,13 @@ class LLM:
             if not completes:
                 continue
             params = seq.params
-            token = sample(logits[row], params.temperature, params.top_k, params.top_p, seq.rng)
+            row_logits = apply_penalties(logits[row], seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
+                                         params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+            if len(seq.output_token_ids) < params.min_tokens:
+                stops = [t for t in self._stop_ids(params) if t < len(row_logits)]
+                row_logits = row_logits.copy() if row_logits is logits[row] else row_logits
+                row_logits[stops] = -np.inf
+            token = sample(row_logits, params.temperature, params.top_k, params.top_p, seq.rng, params.min_p)
             if params.logprobs is not None:
                 seq.logprobs.append(top_logprobs(logits[row], token, params.logprobs))
             row += 1
@@ -237,27 +261,32 @@ class LLM:
             if reason:
                 scheduler.finish(seq, reason)
 
+    def _stop_ids(self, params: SamplingParams) -> set[int]:
+        return set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self._eos_ids)
+
     def _is_stop_token(self, seq: Sequence, token: int) -> bool:
-        params = seq.params
-        return token in (params.stop_token_ids or ()) or (not params.ignore_eos and token in self._eos_ids)
+        return token in self._stop_ids(seq.params)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if self._is_stop_token(seq, token):
+        if self._is_stop_token(seq, token) and len(seq.output_token_ids) > seq.params.min_tokens:
             return "stop"
         if len(seq.output_token_ids) >= seq.params.max_tokens or len(seq.token_ids) >= self.max_seq_len:
             return "length"
         return None
 
-    def _output(self, seq: Sequence, prompt: str | None, texts: dict) -> RequestOutput:
-        ids = seq.output_token_ids
-        text = texts.get(seq.seq_id)
-        if text is None:
-            text = self.tokenizer.decode(ids) if (self.engine.dir / "tokenizer.json").exists() else ""
-        completion = CompletionOutput(0, text, ids, seq.logprobs if seq.params.logprobs is not None else None,
-                                      seq.finish_reason)
-        metrics = {"arrival_time": seq.arrival_time, "first_token_time": seq.first_token_time,
-                   "last_token_time": seq.last_token_time}
-        return RequestOutput(seq.seq_id, prompt, seq.token_ids[:seq.num_prompt_tokens], [completion], metrics)
+    def _output(self, group: list[Sequence], prompt: str | None, texts: dict) -> RequestOutput:
+        completions = []
+        for i, seq in enumerate(group):
+            ids = seq.output_token_ids
+            text = texts.get(seq.seq_id)
+            if text is None:
+                text = self.tokenizer.decode(ids) if (self.engine.dir / "tokenizer.json").exists() else ""
+            completions.append(CompletionOutput(i, text, ids, seq.logprobs if seq.params.logprobs is not None else None,
+                                                seq.finish_reason))
+        first = group[0]
+        metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+                   "last_token_time": first.last_token_time}
+        return RequestOutput(first.seq_id, prompt, first.token_ids[:first.num_prompt_tokens], completions, metrics)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, on_delta=None) -> list[RequestOutput]:
         """Applies the checkpoint's chat template to one conversation or a list of them."""

@@ -1,7 +1,9 @@
-"""Sampling over one row of logits: greedy, temperature, top-k, top-p, seeded per request.
+"""Sampling over one row of logits, seeded per request, with the vLLM/OpenAI controls.
 
-NumPy only. The full-vocabulary work is one partition for top-k and one sort of the
-surviving candidates for top-p, so a 49k vocabulary costs well under a millisecond.
+Order (as vLLM): penalties on the raw logits (repetition on prompt and output tokens,
+presence and frequency on output tokens), the min_tokens mask on stop tokens, then
+greedy, or temperature -> top-k -> top-p -> min-p -> draw. NumPy only: the full-vocabulary
+work is one partition for top-k and one sort of the surviving candidates.
 """
 
 from __future__ import annotations
@@ -15,8 +17,24 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
+def apply_penalties(logits: np.ndarray, prompt_ids: list[int], output_ids: list[int],
+                    repetition: float, presence: float, frequency: float) -> np.ndarray:
+    """logits: (vocab,). Returns a penalized copy (or the input when no penalty is set)."""
+    if repetition == 1.0 and presence == 0.0 and frequency == 0.0:
+        return logits
+    out = logits.astype(np.float32, copy=True)
+    if repetition != 1.0:
+        seen = np.unique(np.asarray(prompt_ids + output_ids, dtype=np.int64))
+        vals = out[seen]
+        out[seen] = np.where(vals > 0, vals / repetition, vals * repetition)
+    if output_ids and (presence or frequency):
+        ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        out[ids] -= presence + frequency * counts
+    return out
+
+
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-           rng: np.random.Generator) -> int:
+           rng: np.random.Generator, min_p: float = 0.0) -> int:
     """logits: (vocab,) float32 -> token id."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
@@ -30,10 +48,13 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
     candidates, scaled = candidates[order], scaled[order]
     probs = np.exp(scaled - scaled[0])
     probs /= probs.sum()
+    keep = len(candidates)
     if top_p < 1.0:
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
-        candidates, probs = candidates[:keep], probs[:keep] / probs[:keep].sum()
+        # the smallest prefix whose mass reaches top_p (always at least one token)
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), top_p) + 1))
+    if min_p > 0.0:
+        keep = min(keep, max(1, int((probs >= min_p * probs[0]).sum())))
+    candidates, probs = candidates[:keep], probs[:keep] / probs[:keep].sum()
     return int(candidates[rng.choice(len(candidates), p=probs)])
 
 
