@@ -136,12 +136,12 @@ class LLM:
         self.num_kv_blocks = max(one_seq, min(one_seq * self.max_batch_size, budget // per_block))
         self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
         self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
         self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
         self._tokenizer: Tokenizer | None = None
         self._eos_ids = self._find_eos_ids()
         self._seed = seed
         self._next_id = 0
-        self.num_preemptions = 0  # over this LLM's lifetime (the pool is shared by calls)
 
     # ---- tokenizer ----
     @property
@@ -190,6 +190,37 @@ class LLM:
                 out.append((None, [int(t) for t in p]))
         return out
 
+    # ---- request lifecycle: add_request -> step()* -> finished (or abort) ----
+    def add_request(self, token_ids: list[int], params: SamplingParams, stream: bool = False) -> list[Sequence]:
+        """Queues one prompt; returns its `params.n` sequences (seeds seed, seed+1, ...)."""
+        seqs = [self._make_sequence(token_ids, params, i) for i in range(params.n)]
+        for seq in seqs:
+            if stream or params.stop_strings:
+                seq.detok = IncrementalDetokenizer(self.tokenizer)
+            self.scheduler.add(seq)
+        return seqs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[tuple[Sequence, str]]:
+        """Runs one engine step; returns (sequence, new text) for every sequence that got a
+        token (text is "" when not streaming). Finished ones have `finish_reason` set."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits = run_step(self.executor, batch)
+        return self._postprocess(batch, logits)
+
+    def abort(self, seq: Sequence) -> None:
+        """Cancels a queued or running sequence and returns its KV blocks."""
+        if seq.finish_reason is None:
+            self.scheduler.abort(seq)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
     def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  on_delta: Callable[[int, str], None] | None = None) -> list[RequestOutput]:
         """Generates for every prompt (text or token ids) as one batch; outputs in prompt order.
@@ -197,35 +228,27 @@ class LLM:
         items = self._tokenize(prompts)
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(items)
-        # n completions per prompt: n sequences, seeds seed, seed+1, ... when a seed is given
-        groups = [[self._make_sequence(ids, p, i) for i in range(p.n)] for (_, ids), p in zip(items, params_list)]
-        seqs = [s for g in groups for s in g]
-        detoks = {s.seq_id: IncrementalDetokenizer(self.tokenizer) for s in seqs} if (
-            on_delta or any(p.stop_strings for p in params_list)) else {}
+        groups = [self.add_request(ids, p, stream=on_delta is not None) for (_, ids), p in zip(items, params_list)]
         index_of = {s.seq_id: i for i, g in enumerate(groups) for s in g}
-        texts: dict[int, str] = {}
-        scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
-        for s in seqs:
-            scheduler.add(s)
         try:
-            while scheduler.has_work():
-                batch = scheduler.schedule()
-                logits = run_step(self.executor, batch)
-                self._postprocess(scheduler, batch, logits, detoks, texts, on_delta, index_of)
-        finally:
-            self.num_preemptions += scheduler.num_preemptions
-            for s in list(scheduler.running):  # an error mid-batch must not leak blocks
-                scheduler.finish(s, "abort")
-        return [self._output(g, text, texts) for g, (text, _) in zip(groups, items)]
+            while self.has_unfinished():
+                for seq, delta in self.step():
+                    if on_delta and delta:
+                        on_delta(index_of[seq.seq_id], delta)
+        finally:  # an error mid-batch must not leak blocks
+            for g in groups:
+                for seq in g:
+                    self.abort(seq)
+        return [self.output(g, text) for g, (text, _) in zip(groups, items)]
 
-    def _postprocess(self, scheduler: Scheduler, batch: list[ScheduledChunk], logits: np.ndarray,
-                     detoks, texts, on_delta, index_of) -> None:
+    def _postprocess(self, batch: list[ScheduledChunk], logits: np.ndarray) -> list[tuple[Sequence, str]]:
         now = time.perf_counter()
+        events = []
         row = 0
         for chunk in batch:
             seq = chunk.seq
             completes = chunk.completes
-            scheduler.computed(chunk)
+            self.scheduler.computed(chunk)
             if not completes:
                 continue
             params = seq.params
@@ -243,23 +266,24 @@ class LLM:
             seq.first_token_time = seq.first_token_time or now
             seq.last_token_time = now
             reason = self._stop_reason(seq, token)
-            if seq.seq_id in detoks:
+            delta = ""
+            if seq.detok is not None:
                 out_ids = seq.output_token_ids
-                if reason == "stop" and out_ids and out_ids[-1] == token and self._is_stop_token(seq, token):
-                    out_ids = out_ids[:-1]
-                delta = detoks[seq.seq_id].update(out_ids)
-                text = detoks[seq.seq_id].text
+                if reason == "stop" and self._is_stop_token(seq, token):
+                    out_ids = out_ids[:-1]  # the stop token is not part of the text
+                delta = seq.detok.update(out_ids)
+                text = seq.detok.text
                 for stop in params.stop_strings:
                     cut = text.find(stop)
-                    if cut >= 0:
+                    if cut >= 0:  # never leak the stop string, even across deltas
                         delta = delta[: max(0, len(delta) - (len(text) - cut))]
                         text, reason = text[:cut], "stop"
                         break
-                texts[seq.seq_id] = text
-                if on_delta and delta:
-                    on_delta(index_of[seq.seq_id], delta)
+                seq.text = text
             if reason:
-                scheduler.finish(seq, reason)
+                self.scheduler.finish(seq, reason)
+            events.append((seq, delta))
+        return events
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
         return set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self._eos_ids)
@@ -274,11 +298,11 @@ class LLM:
             return "length"
         return None
 
-    def _output(self, group: list[Sequence], prompt: str | None, texts: dict) -> RequestOutput:
+    def output(self, group: list[Sequence], prompt: str | None) -> RequestOutput:
         completions = []
         for i, seq in enumerate(group):
             ids = seq.output_token_ids
-            text = texts.get(seq.seq_id)
+            text = seq.text
             if text is None:
                 text = self.tokenizer.decode(ids) if (self.engine.dir / "tokenizer.json").exists() else ""
             completions.append(CompletionOutput(i, text, ids, seq.logprobs if seq.params.logprobs is not None else None,

@@ -29,6 +29,8 @@ class Sequence:
     block_keys: list[int] = field(default_factory=list)  # prefix-cache chain of its full blocks
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
+    detok: object = None  # IncrementalDetokenizer when text is needed while generating
+    text: str | None = None
     arrival_time: float = 0.0
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -131,3 +133,12 @@ class Scheduler:
         seq.finish_reason = reason
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
+
+    def abort(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.finish(seq, "abort")
+        else:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.blocks.free(seq.block_table)
+            seq.finish_reason = "abort"
