@@ -1,13 +1,16 @@
-"""Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear.
+"""Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
+quantized linears (linear_w8a16@1, linear_w4a16@1) against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
-they come from DRAM, not from cache), next to the copy bandwidth of numpy.
-GEMM (M=512): GFLOP/s.
+they come from DRAM, not from cache), next to the copy bandwidth of numpy. For the
+quantized kernels also the "fp32-equivalent" GB/s (N*K*4 bytes / time) and the speed-up
+over fp32.
+GEMM (M=512, 2048): GFLOP/s.
 
 Each measurement runs an engine whose plan is one embedding followed by R linear steps
 with distinct weight tensors; the time of a plan without the linear steps is subtracted.
 
-    python bench/kernels.py [--quick] [--isa auto|avx2|avx512]
+    python bench/kernel_speed.py [--quick] [--isa auto|avx2|avx512] [--section all|linear|quant]
 """
 
 from __future__ import annotations
@@ -24,7 +27,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import TensorEntry, encode, write_rank_file  # noqa: E402
+from bessemer.builder.engine_format import (  # noqa: E402
+    TensorEntry,
+    encode,
+    pack_panel16,
+    packed_nbytes,
+    write_rank_file,
+)
+from bessemer.quantization.packing import pack_group_params, pack_panel16_int4  # noqa: E402
+from bessemer.quantization.primitives import (  # noqa: E402
+    int4_group_params,
+    quantize_int4,
+    quantize_int8_per_channel,
+)
+
+W4_GROUP = 64  # SmolLM2 K (576, 1536) are multiples of 64
 
 
 def i32(x):
@@ -50,20 +67,46 @@ def copy_bandwidth(nbytes=512 << 20):
     return 2 * nbytes / t / 1e9  # read + write
 
 
+def weight_entries(name, w, dtype):
+    """TensorEntries and weight names of one linear step; dtype float32/bfloat16/int8/int4."""
+    N, K = w.shape
+    if dtype == "int8":
+        q, sc = quantize_int8_per_channel(w)
+        return [TensorEntry(name, "int8", "panel16", (N, K), lambda: pack_panel16(q)),
+                TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc)], [name, name + ".s"]
+    if dtype == "int4":
+        sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
+        codes = quantize_int4(w, sc, off, W4_GROUP)
+        return [TensorEntry(name, "int4", "panel16_int4", (N, K), lambda: pack_panel16_int4(codes)),
+                TensorEntry(name + ".s", "float32", "panel16", sc.shape, lambda: pack_group_params(sc)),
+                TensorEntry(name + ".o", "float32", "panel16", off.shape, lambda: pack_group_params(off))], \
+            [name, name + ".s", name + ".o"]
+    return [TensorEntry(name, dtype, "panel16", (N, K), lambda: encode(w, dtype, "panel16"))], [name]
+
+
+def weight_nbytes(N, K, dtype):
+    if dtype == "int4":
+        return packed_nbytes((N, K), "int4", "panel16_int4") + 2 * packed_nbytes((N, K // W4_GROUP), "float32", "panel16")
+    if dtype == "int8":
+        return packed_nbytes((N, K), "int8", "panel16") + 4 * N
+    return packed_nbytes((N, K), dtype, "panel16")
+
+
 def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
+    op = {"int8": "linear_w8a16", "int4": "linear_w4a16"}.get(dtype, "linear")
+    attrs = {"group_size": W4_GROUP} if dtype == "int4" else {}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
+    entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
     for r in range(R):
-        steps.append({"op": "linear", "version": 1, "ins": [[0, 0, K]], "outs": [[1, 0, N]],
-                      "weights": [f"w{r}"], "attrs": {}})
+        ents, names = weight_entries(f"w{r}", weights[r % len(weights)], dtype)
+        entries += ents
+        steps.append({"op": op, "version": 1, "ins": [[0, 0, K]], "outs": [[1, 0, N]], "weights": names,
+                      "attrs": attrs})
     plan = {"buffers": [{"id": 0, "width": K, "rows": "tokens"}, {"id": 1, "width": N, "rows": "tokens"}],
             "steps": steps, "kv_cache": {"num_layers": 0, "num_kv_heads": 1, "head_dim": 1, "dtype": "float32"},
             "logits": [0, 0, K], "vocab_size": K}
-    entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
-    for r in range(R):
-        w = weights[r % len(weights)]
-        entries.append(TensorEntry(f"w{r}", dtype, "panel16", (N, K), lambda w=w: encode(w, dtype, "panel16")))
     path = dirpath / f"lin_{M}_{N}_{K}_{dtype}_{R}.engine"
     write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
     return path, weights
@@ -83,11 +126,16 @@ def run_engine(path, M, threads, isa, with_linear=True):
     return ex, timeit(lambda: ex.step(*args))
 
 
-def bench_linear(tmp, M, N, K, dtype, threads, isa, R, rng):
+def bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng):
     path, weights = make_engine(tmp, M, N, K, dtype, R, rng)
     ex, t_all = run_engine(path, M, threads, isa)
     _, t_base = run_engine(path, M, threads, isa, with_linear=False)
-    t = max(t_all - t_base, 1e-9) / R
+    path.unlink()
+    return ex.isa, max(t_all - t_base, 1e-9) / R, weights
+
+
+def bench_linear(tmp, M, N, K, dtype, threads, isa, R, rng):
+    isa, t, weights = bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng)
     # torch with the same number of distinct weight matrices cycling (same cache behaviour).
     torch.set_num_threads(threads)
     tw = [torch.from_numpy(np.ascontiguousarray(weights[r % len(weights)])).clone() for r in range(R)]
@@ -101,14 +149,46 @@ def bench_linear(tmp, M, N, K, dtype, threads, isa, R, rng):
 
     with torch.no_grad():
         tt = timeit(torch_run) / R
-    path.unlink()
-    return ex.isa, t, tt
+    return isa, t, tt
+
+
+SMOLLM2_SHAPES = [(1536, 576), (576, 1536), (49152, 576), (960, 576)]  # (N, K)
+
+
+def bench_quant(tmp, args, rng):
+    """fp32 vs int8 vs int4 (g64) weights: GEMV on SmolLM2 shapes, then GEMM."""
+    kinds = ["float32", "int8", "int4"]
+    print("\nQuantized GEMV M=1 (weights from DRAM); f32-eq GB/s = N*K*4 bytes / time")
+    print(f"{'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'us':>8} {'GB/s':>6} {'f32-eq GB/s':>11} {'speed-up':>8}")
+    for N, K in SMOLLM2_SHAPES:
+        for threads in (1, 2):
+            t32 = None
+            for dtype in kinds:
+                nbytes = weight_nbytes(N, K, dtype)
+                R = max(2, int(np.ceil(160e6 / nbytes)))
+                isa, t, _ = bench_bessemer(tmp, 1, N, K, dtype, threads, args.isa, R, rng)
+                t32 = t if dtype == "float32" else t32
+                print(f"{N:6d} {K:5d} {dtype:>8} {threads:3d} {isa:>6} {t * 1e6:8.1f} {nbytes / t / 1e9:6.1f}"
+                      f" {N * K * 4 / t / 1e9:11.1f} {t32 / t:7.2f}x")
+    print("\nQuantized GEMM")
+    print(f"{'M':>5} {'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'GF/s':>7} {'ms':>8} {'t/t_f32':>8}")
+    shapes = [(512, 1536, 576)] if args.quick else [(512, 1536, 576), (512, 576, 1536), (2048, 1536, 576)]
+    for M, N, K in shapes:
+        for threads in (1, 2):
+            t32 = None
+            for dtype in kinds:
+                isa, t, _ = bench_bessemer(tmp, M, N, K, dtype, threads, args.isa, 2, rng)
+                t32 = t if dtype == "float32" else t32
+                fl = 2 * M * N * K
+                print(f"{M:5d} {N:6d} {K:5d} {dtype:>8} {threads:3d} {isa:>6} {fl / t / 1e9:7.1f} {t * 1e3:8.2f}"
+                      f" {t / t32:7.2f}x")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--section", default="all", choices=["all", "linear", "quant"])
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     bw = copy_bandwidth()
@@ -116,6 +196,10 @@ def main():
     print(f"cpu: {_C.cpu_features()}")
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as d:
         tmp = Path(d)
+        if args.section in ("all", "quant"):
+            bench_quant(tmp, args, rng)
+        if args.section == "quant":
+            return
         print("\nGEMV M=1 (weights from DRAM)")
         print(f"{'N':>6} {'K':>5} {'dtype':>9} {'thr':>3} {'isa':>6} {'bessemer GB/s':>14} {'us':>8} {'torch GB/s':>11} {'us':>8}")
         for N, K in [(1536, 576), (49152, 576)]:

@@ -54,6 +54,8 @@ def test_bad_quant_options():
     with pytest.raises(InvalidOptionError, match="group-size"):
         QuantConfig("w4a16", group_size=48)
     with pytest.raises(InvalidOptionError, match="planned"):
+        QuantConfig("w8a8-sq")
+    with pytest.raises(InvalidOptionError, match="--calib-data"):
         QuantConfig("w4a16-awq")
     with pytest.raises(InvalidOptionError, match="not supported"):
         QuantConfig("w3a16")

@@ -50,3 +50,15 @@ SQNR_INT4_G64_DB = 17.0
 # order differs (per-group partial sums), as tight as the fp32 engine.
 FAKE_QUANT_LOGITS_ATOL = 1e-4
 FAKE_QUANT_LOGITS_RTOL = 1e-4
+
+# ---- quantized linears (tests/test_quant_kernels.py) ----
+# linear_w8a16@1 / linear_w4a16@1 vs x @ dequantized(w).T in float64: the same math in fp32
+# (integer codes are exact in fp32; FMA accumulation, one scale / offset*sum(x) per group).
+W8_LINEAR_RTOL = 1e-5
+W8_LINEAR_ATOL = 1e-6
+W4_LINEAR_RTOL = 1e-5
+W4_LINEAR_ATOL = 1e-6
+# Quantization quality of the layer output vs the fp32 weights (Gaussian weights and
+# activations), signal-to-quantization-noise ratio in dB (primitives.sqnr_db).
+W8_PER_CHANNEL_MIN_SQNR_DB = 30.0
+W4_G64_MIN_SQNR_DB = 15.0

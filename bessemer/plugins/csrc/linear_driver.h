@@ -42,6 +42,12 @@ struct UkArgs {
     const float* qo;
     int64_t qpstride;  // floats between panels of qs/qo (group-wise)
     int group;         // K columns per group (kc is a multiple of it), 0 = per channel
+    // GEMV: bytes from a weight to the same k of the next panel group (0 = none). A
+    // compute-heavy (quantized) microkernel prefetches there, and the next group's
+    // quantization parameters (at qs/qo + NR*qpstride, or qs + NR*16 per channel): the
+    // hardware prefetcher follows the current panels' code streams but neither the jump
+    // to the next group nor the sparse parameter reads at group ends.
+    int64_t pf_next;
 };
 
 // Quantization parameters of a linear (see UkArgs).
@@ -113,6 +119,7 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
         a.qs = a.qo = nullptr;
         a.qpstride = qpstride;
         a.group = group;
+        a.pf_next = gemv ? int64_t(NR) * pstride : 0;
         for (int m_blk = ma; m_blk < mb; m_blk += Mc) {
             const int m_end = drv_min(mb, m_blk + Mc);
             for (int kb = 0; kb < nkb; ++kb) {

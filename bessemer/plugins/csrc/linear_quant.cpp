@@ -135,6 +135,15 @@ void ukr_q_avx2(const UkArgs& a) {
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
     const int G = QK == Q4 ? a.group : a.kc;
     const int ng = a.kc / G;
+    constexpr int kBytes = QK == Q8 ? 16 : 8;  // weight bytes per panel and k
+    // GEMV (a.pf_next != 0): prefetch the next panel group's codes (a.pf_next bytes ahead,
+    // once per cache line) and its parameters (pq_len floats at pq_s / pq_o, pq_step per
+    // cache-line step of the k loop); see UkArgs::pf_next.
+    constexpr int kLineK = 64 / kBytes;  // k per cache line of a panel's codes
+    const int64_t pq_len = a.pf_next ? (QK == Q4 ? NR * a.qpstride : NR * 16) : 0;
+    const float* pq_s = a.qs + pq_len;
+    const float* pq_o = QK == Q4 ? a.qo + pq_len : nullptr;
+    const int64_t pq_step = (pq_len / 16 + (a.kc + kLineK - 1) / kLineK - 1) / ((a.kc + kLineK - 1) / kLineK) * 16;
     for (int g = 0; g < ng; ++g) {
         __m256 acc[MR][NR][2];
 #pragma GCC unroll 8
@@ -143,6 +152,15 @@ void ukr_q_avx2(const UkArgs& a) {
             for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
         const int k0 = g * G, k1 = k0 + G;
         for (int k = k0; k < k1; ++k) {
+            if (a.pf_next && (k & (kLineK - 1)) == 0) {
+#pragma GCC unroll 4
+                for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * kBytes + a.pf_next, _MM_HINT_T0);
+                const int64_t i0 = (k / kLineK) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
+                for (int64_t i = i0; i < i1; i += 16) {
+                    _mm_prefetch(reinterpret_cast<const char*>(pq_s + i), _MM_HINT_T0);
+                    if (QK == Q4) _mm_prefetch(reinterpret_cast<const char*>(pq_o + i), _MM_HINT_T0);
+                }
+            }
             __m256 wv[NR][2];
 #pragma GCC unroll 4
             for (int n = 0; n < NR; ++n) decode16<QK>(wp[n], k, wv[n][0], wv[n][1]);

@@ -1,0 +1,248 @@
+"""Quantized linear kernels (linear_w8a16@1, linear_w4a16@1) run through bessemer._C.
+
+Each test writes a single-op rank file (an f32 embedding feeds the activations, then the
+quantized linear) with the reference packers of bessemer.quantization, and compares with
+NumPy: x @ dequantized(w).T in float64 (tight: it is the same math), and the SQNR of the
+quantized layer against the fp32 weights.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tolerances as tol  # noqa: E402
+from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step  # noqa: E402
+
+from bessemer import _C  # noqa: E402
+from bessemer.builder.engine_format import TensorEntry, pack_panel16, packed_nbytes, write_rank_file  # noqa: E402
+from bessemer.quantization.packing import pack_group_params, pack_panel16_int4  # noqa: E402
+from bessemer.quantization.primitives import (  # noqa: E402
+    dequantize_int4,
+    dequantize_int8_per_channel,
+    int4_group_params,
+    quantize_int4,
+    quantize_int8_per_channel,
+    sqnr_db,
+)
+
+V = 50  # embedding rows (activation rows are picked from them)
+
+
+# ---------------------------------------------------------------- helpers
+
+def entry(name, dtype, layout, shape, data):
+    data = np.ascontiguousarray(data)
+    return TensorEntry(name, dtype, layout, tuple(shape), lambda d=data: d)
+
+
+def zeros_entry(name, dtype, layout, shape):
+    return entry(name, dtype, layout, shape, np.zeros(packed_nbytes(tuple(shape), dtype, layout), np.uint8))
+
+
+def f32_entry(name, a, layout="row_major"):
+    a = np.asarray(a, np.float32)
+    return entry(name, "float32", layout, a.shape, pack_panel16(a) if layout == "panel16" else a.reshape(-1))
+
+
+def w8_entries(W):
+    q, s = quantize_int8_per_channel(W)
+    ents = [entry("q", "int8", "panel16", q.shape, pack_panel16(q)), f32_entry("s", s)]
+    return ents, dequantize_int8_per_channel(q, s)
+
+
+def w4_entries(W, G, zero_point):
+    s, o = int4_group_params(W, G, zero_point)
+    codes = quantize_int4(W, s, o, G)
+    ents = [entry("c", "int4", "panel16_int4", codes.shape, pack_panel16_int4(codes)),
+            entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
+            entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
+    return ents, dequantize_int4(codes, s, o, G)
+
+
+def quant_plan(kind, N, K, bias, G=None, x_col=3, y_col=2):
+    """embedding -> quantized linear; x at column x_col of a wider buffer, y at y_col."""
+    ws = ["q", "s"] if kind == "w8" else ["c", "s", "o"]
+    if bias:
+        ws.append("b")
+    attrs = {} if kind == "w8" else {"group_size": G}
+    op = "linear_w8a16" if kind == "w8" else "linear_w4a16"
+    lin = step(op, [[0, x_col, K]], [[1, y_col, N]], ws, attrs)
+    return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
+                     [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
+
+
+def write(path, plan, entries):
+    header = {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}
+    write_rank_file(path, header, entries)
+    return path
+
+
+def executor(path, isa, threads=2):
+    f = _C.EngineFile(str(path))
+    hdr = json.loads(f.header)
+    return _C.Executor(f, hdr["tensors"], hdr["plan"], threads, 16, 1, isa)
+
+
+def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True):
+    N, K = W.shape
+    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point)
+    ents = [f32_entry("emb", table)] + ents + ([f32_entry("b", bias)] if bias is not None else [])
+    path = write(tmp_path / f"{kind}.engine", quant_plan(kind, N, K, bias is not None, G), ents)
+    out = run_flat(executor(path, isa, threads), tokens)
+    return out, Wd
+
+
+# ---------------------------------------------------------------- correctness vs dequantized reference
+
+W8_CASES = [  # M, N, K, bias, threads
+    (1, 40, 96, False, 1), (1, 40, 96, True, 2), (3, 40, 96, True, 2), (17, 40, 96, False, 2),
+    (130, 40, 96, True, 2), (8, 200, 1100, True, 2), (40, 100, 1030, False, 2), (2, 33, 5, True, 2),
+    (130, 300, 64, False, 1), (9, 1, 3, True, 1),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("M,N,K,bias,threads", W8_CASES)
+def test_linear_w8a16(tmp_path, isa, M, N, K, bias, threads):
+    rng = np.random.default_rng(M * 1000 + N + K)
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    tokens = rng.integers(0, min(V, N), M)
+    out, Wd = run_quant(tmp_path, "w8", W, table, tokens, isa, threads, b)
+    ref = table[tokens].astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
+    assert_close(out, ref, tol.W8_LINEAR_RTOL, tol.W8_LINEAR_ATOL, "linear_w8a16")
+
+
+W4_CASES = [  # M, N, K, G, bias, zero_point, threads
+    (1, 40, 96, 32, False, True, 1), (1, 40, 96, 96, True, False, 2), (3, 40, 96, 32, True, False, 2),
+    (3, 40, 96, 96, False, True, 2), (17, 40, 96, 32, True, True, 2), (17, 40, 96, 96, False, False, 1),
+    (130, 40, 96, 32, False, False, 2), (130, 40, 96, 96, True, True, 2),
+    (8, 200, 1536, 64, True, True, 2), (40, 100, 1280, 128, False, False, 2),
+    (2, 33, 40, 40, True, True, 2), (9, 1, 3, 3, False, True, 1), (130, 300, 64, 16, True, True, 1),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("M,N,K,G,bias,zero_point,threads", W4_CASES)
+def test_linear_w4a16(tmp_path, isa, M, N, K, G, bias, zero_point, threads):
+    rng = np.random.default_rng(M * 1000 + N + K + G)
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    tokens = rng.integers(0, min(V, N), M)
+    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point)
+    ref = table[tokens].astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
+    assert_close(out, ref, tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL, "linear_w4a16")
+
+
+def test_int4_layout_lanes(tmp_path):
+    """Each code of panel16_int4 lands on its own row and k (one-hot weights)."""
+    N, K = 16, 16
+    codes = np.zeros((N, K), np.uint8)
+    for n in range(N):
+        codes[n, (3 * n) % K] = n % 15 + 1
+    s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
+    table = np.eye(K, dtype=np.float32)
+    ents = [f32_entry("emb", table), entry("c", "int4", "panel16_int4", (N, K), pack_panel16_int4(codes)),
+            entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
+            entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
+    path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0), ents)
+    for isa in ISAS:
+        out = run_flat(executor(path, isa, 1), np.arange(K))
+        np.testing.assert_array_equal(out, codes.T.astype(np.float32))
+
+
+# ---------------------------------------------------------------- quantization quality
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_sqnr_vs_fp32(tmp_path, isa):
+    rng = np.random.default_rng(11)
+    M, N, K = 17, 96, 512
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    tokens = rng.integers(0, V, M)
+    ref = table[tokens].astype(np.float64) @ W.astype(np.float64).T
+    out8, _ = run_quant(tmp_path, "w8", W, table, tokens, isa, 2)
+    assert sqnr_db(ref, out8) >= tol.W8_PER_CHANNEL_MIN_SQNR_DB
+    for zp in (True, False):
+        out4, _ = run_quant(tmp_path, "w4", W, table, tokens, isa, 2, G=64, zero_point=zp)
+        assert sqnr_db(ref, out4) >= tol.W4_G64_MIN_SQNR_DB, zp
+
+
+# ---------------------------------------------------------------- errors
+
+def _load_err(tmp_path, plan, ents, match):
+    path = write(tmp_path / "err.engine", plan, ents)
+    f = _C.EngineFile(str(path))
+    hdr = json.loads(f.header)
+    with pytest.raises(ValueError, match=match):
+        _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)
+
+
+def test_w8_errors(tmp_path):
+    N, K = 40, 96
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    q = zeros_entry("q", "int8", "panel16", (N, K))
+    s = zeros_entry("s", "float32", "row_major", (N,))
+    plan = quant_plan("w8", N, K, False)
+    _load_err(tmp_path, plan, [emb, q, zeros_entry("s", "float32", "row_major", (N + 1,))],
+              r"linear_w8a16@1: weight s: shape \[41\], expected \[40\]")
+    _load_err(tmp_path, plan, [emb, q, zeros_entry("s", "float32", "panel16", (N, 1))], "weight s: layout")
+    _load_err(tmp_path, plan, [emb, zeros_entry("q", "uint8", "panel16", (N, K)), s], "weight q: dtype uint8")
+    _load_err(tmp_path, plan, [emb, zeros_entry("q", "int8", "row_major", (N, K)), s], "weight q: layout row_major")
+    _load_err(tmp_path, plan, [emb, zeros_entry("q", "int8", "panel16", (N, K + 16)), s], r"weight q: shape")
+    _load_err(tmp_path, quant_plan("w8", N, K, True),
+              [emb, q, s, zeros_entry("b", "float32", "row_major", (N - 1,))], "weight b: shape")
+    # int8 weights are not accepted by the fp32 linear
+    lin = make_plan([(K, "tokens"), (N, "tokens")], [emb_step([0, 0, K]), step("linear", [[0, 0, K]], [[1, 0, N]], ["q"])],
+                    [1, 0, N], N)
+    _load_err(tmp_path, lin, [emb, q], "weight q: dtype int8 not supported")
+
+
+def test_w4_errors(tmp_path):
+    N, K, G = 40, 96, 32
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    c = zeros_entry("c", "int4", "panel16_int4", (N, K))
+    s = zeros_entry("s", "float32", "panel16", (N, K // G))
+    o = zeros_entry("o", "float32", "panel16", (N, K // G))
+    plan = quant_plan("w4", N, K, False, G)
+    _load_err(tmp_path, plan, [emb, c, zeros_entry("s", "float32", "panel16", (N, K // G + 1)), o],
+              r"weight s: shape \[40, 4\], expected \[40, 3\]")
+    _load_err(tmp_path, plan, [emb, c, s, zeros_entry("o", "float32", "row_major", (N, K // G))],
+              "weight o: layout row_major")
+    _load_err(tmp_path, plan, [emb, zeros_entry("c", "int8", "panel16", (N, K)), s, o], "weight c: dtype int8")
+    for g, match in [(40, "group_size 40 must be > 0 and divide K = 96"),
+                     (24, "group_size 24 must be a multiple of 16 or equal K = 96"),
+                     (0, "group_size 0"), (192, "group_size 192"), (32.5, "group_size' must be an integer")]:
+        ents = [emb, c, zeros_entry("s", "float32", "panel16", (N, 3)), zeros_entry("o", "float32", "panel16", (N, 3))]
+        _load_err(tmp_path, quant_plan("w4", N, K, False, g), ents, match)
+    no_g = quant_plan("w4", N, K, False, G)
+    no_g["steps"][1]["attrs"] = {}
+    _load_err(tmp_path, no_g, [emb, c, s, o], "missing attr 'group_size'")
+    _load_err(tmp_path, quant_plan("w4", N, K, True, G),
+              [emb, c, s, o, zeros_entry("b", "float32", "panel16", (N, 1))], "weight b: layout panel16")
+
+
+def test_panel16_int4_tensor_checks(tmp_path):
+    N, K = 40, 96
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    c = zeros_entry("c", "int4", "panel16_int4", (N, K))
+    s = zeros_entry("s", "float32", "panel16", (N, 3))
+    path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, 32), [emb, c, s, zeros_entry("o", "float32", "panel16", (N, 3))])
+    f = _C.EngineFile(str(path))
+    hdr = json.loads(f.header)
+    _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)  # loads
+    assert hdr["tensors"][1]["nbytes"] == 48 * K // 2
+    for key, val, match in [("nbytes", 48 * K, "tensor c: nbytes"), ("dtype", 3, "panel16_int4 layout needs dtype int4"),
+                            ("shape", [N * K], "panel16_int4 layout needs a 2-D shape"), ("layout", 3, "unknown layout id 3")]:
+        t = json.loads(json.dumps(hdr["tensors"]))
+        t[1][key] = val
+        with pytest.raises(ValueError, match=match):
+            _C.Executor(f, t, hdr["plan"], 1, 16, 1)
