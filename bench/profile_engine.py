@@ -1,7 +1,7 @@
 """Where the time goes: per-kernel time of an engine at prefill and at decode, and the
 time spent outside the kernels (Python scheduling, sampling, detokenization).
 
-    python bench/profile.py ENGINE_DIR [--threads 2] [--prompt-len 512] [--new-tokens 128]
+    python bench/profile_engine.py ENGINE_DIR [--threads 2] [--prompt-len 512] [--new-tokens 128]
 """
 
 from __future__ import annotations
