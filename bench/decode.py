@@ -51,7 +51,8 @@ class EngineSystem:
     def __init__(self, engine_dir: Path, threads: int):
         from bessemer.runtime.llm import LLM, SamplingParams
 
-        self.llm = LLM(engine_dir, num_threads=threads)
+        # prefix caching off: every run must compute its prompt, as the baselines do
+        self.llm = LLM(engine_dir, num_threads=threads, enable_prefix_caching=False)
         self.SamplingParams = SamplingParams
 
     def prefill(self, ids):

@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    llm = LLM(args.engine, num_threads=args.threads)
+    llm = LLM(args.engine, num_threads=args.threads, enable_prefix_caching=False)
     prompt = [(i * 7919) % 1000 + 100 for i in range(args.prompt_len)]
     llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
     prefill = profiled(llm, prompt, 1)
