@@ -5,7 +5,7 @@ PYTHON ?= python3
 ENGINES ?= engines
 MODEL_DIR = $(shell $(PYTHON) -m bessemer.fixtures.smollm2 2>/dev/null | tail -n 1)
 
-.PHONY: install model demo test bench clean
+.PHONY: install model demo test bench engines clean
 
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
@@ -23,6 +23,10 @@ demo: model
 
 test: install
 	$(PYTHON) -m pytest -q tests
+
+# Build, validate against HF and publish the engines of engines.yaml (what the engines CI job runs).
+engines: model
+	bessemer ci-build engines.yaml --out $(ENGINES)/ci
 
 bench: model
 	$(PYTHON) bench/decode.py --model "$(MODEL_DIR)" --out bench/results

@@ -1,4 +1,4 @@
-"""`bessemer` command group: build, run, eval, inspect."""
+"""`bessemer` command group: build, run, eval, ci-build, verify, inspect."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from bessemer.cli import build, evaluate, run
+from bessemer.cli import artifacts, build, evaluate, run
 from bessemer.cli.common import user_errors
 
 
@@ -19,6 +19,8 @@ def main():
 main.add_command(build.main, name="build")
 main.add_command(run.main, name="run")
 main.add_command(evaluate.main, name="eval")
+main.add_command(artifacts.ci_build, name="ci-build")
+main.add_command(artifacts.verify, name="verify")
 
 
 @main.command()
