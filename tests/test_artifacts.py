@@ -22,7 +22,7 @@ from bessemer.artifacts.verify import verify
 from bessemer.cli.main import main as cli
 from bessemer.errors import InvalidOptionError
 
-DATASET = Path(__file__).resolve().parents[1] / ".ci" / "data" / "wikitext-2-valid-head.txt"
+DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "valid.txt"
 TINY_GREEDY = {"prompts": [[1, 2, 3, 4], [5, 6, 7], [10, 20, 30, 40, 50]], "max_new_tokens": 8,
                "min_agreement": 0.5}
 
