@@ -29,7 +29,9 @@ setup(
     extras_require={
         # The builder reads checkpoints with torch; the runtime needs none of these.
         "build": ["torch==2.13.0", "transformers", "gguf", "accelerate"],
-        "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate"],
+        "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi", "uvicorn",
+                 "httpx"],
+        "serve": ["fastapi", "uvicorn"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],
     },

@@ -1,0 +1,133 @@
+"""Serving benchmark: real `bessemer serve` subprocesses on loopback, streamed completions.
+
+    python bench/serve.py --engine engines/smollm2-bf16 [--out bench/results/serve.json]
+
+(a) total output tokens/s for 32 requests (128-token prompts, 64 output tokens) sent at
+    once vs one at a time;
+(b) 16 requests sharing a 1024-token system prompt plus distinct 32-token questions, sent
+    one at a time: mean TTFT with prefix caching vs --no-prefix-cache;
+(c) p50/p99 TTFT and inter-token latency with 8 concurrent streams.
+
+Times are taken on the client from the SSE chunks (one chunk per token). Every phase uses
+prompts of its own, so no phase is sped up by blocks an earlier one left in the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, engine: str, *flags: str):
+        self.url = f"http://127.0.0.1:{(port := free_port())}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "bessemer.cli.main", "serve", engine, "--port", str(port),
+                                      "--log-level", "warning", *flags])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise TimeoutError("server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def prompts(seed: int, count: int, length: int, vocab: int = 40000) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, vocab, length).tolist() for _ in range(count)]
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    start = time.perf_counter()
+    times = []
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                times.append(time.perf_counter())
+    return {"ttft": times[0] - start, "itl": np.diff(times).tolist(), "tokens": len(times),
+            "end": times[-1] - start}
+
+
+async def run_requests(url: str, batch: list[list[int]], max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        if concurrent:
+            results = await asyncio.gather(*(stream_one(client, url, p, max_tokens) for p in batch))
+        else:
+            results = [await stream_one(client, url, p, max_tokens) for p in batch]
+        return list(results), time.perf_counter() - start
+
+
+def throughput(url: str) -> dict:
+    out = {}
+    for name, seed, concurrent in (("one_at_a_time", 1, False), ("all_at_once", 2, True)):
+        results, wall = asyncio.run(run_requests(url, prompts(seed, 32, 128), 64, concurrent))
+        out[name] = {"output_tok_s": sum(r["tokens"] for r in results) / wall, "wall_s": wall}
+    return out
+
+
+def prefix_ttft(url: str) -> float:
+    system = prompts(3, 1, 1024)[0]
+    batch = [system + q for q in prompts(4, 16, 32)]
+    results, _ = asyncio.run(run_requests(url, batch, 8, concurrent=False))
+    return float(np.mean([r["ttft"] for r in results]))
+
+
+def latency(url: str) -> dict:
+    results, _ = asyncio.run(run_requests(url, prompts(5, 8, 128), 64, concurrent=True))
+    ttft = [r["ttft"] for r in results]
+    itl = [t for r in results for t in r["itl"]]
+    return {"ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", required=True, help="engine directory (e.g. built with build-engine)")
+    ap.add_argument("--threads", default=None, help="passed to bessemer serve")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    flags = ["--threads", args.threads] if args.threads else []
+
+    result = {"engine": args.engine}
+    server = Server(args.engine, *flags)
+    try:
+        result["throughput_32x128in_64out"] = throughput(server.url)
+        result["latency_8_streams"] = latency(server.url)
+        result["prefix_1024_mean_ttft_s"] = {"prefix_caching": prefix_ttft(server.url)}
+    finally:
+        server.stop()
+    server = Server(args.engine, "--no-prefix-cache", *flags)
+    try:
+        result["prefix_1024_mean_ttft_s"]["no_prefix_cache"] = prefix_ttft(server.url)
+    finally:
+        server.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

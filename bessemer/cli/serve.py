@@ -1,0 +1,45 @@
+"""bessemer serve ENGINE_DIR: an OpenAI-compatible HTTP server (bessemer/serving)."""
+
+from __future__ import annotations
+
+import click
+
+from bessemer.cli.common import fail, user_errors
+
+
+@click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; 0.0.0.0 exposes the server to the network.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--max-num-seqs", type=int, default=None, help="Sequences per step (at most the engine's).")
+@click.option("--max-num-tokens", type=int, default=None, help="Tokens per step (at most the engine's).")
+@click.option("--kv-cache-gib", type=float, default=None,
+              help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). [default: 1]")
+@click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+@click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
+@click.option("--threads", type=int, default=None, help="Worker threads. [default: all cores]")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+@user_errors
+def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
+         model_name, threads, log_level):
+    """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        fail("bessemer serve needs FastAPI and uvicorn: pip install fastapi uvicorn "
+             "(or pip install 'bessemer[serve]')")
+    if threads is not None and threads <= 0:
+        fail(f"--threads must be a positive integer, got {threads}")
+    if kv_cache_gib is not None and kv_cache_gib < 0:
+        fail(f"--kv-cache-gib must be >= 0, got {kv_cache_gib}")
+    if not 0 <= port <= 65535:
+        fail(f"--port must be in 0..65535, got {port}")
+    from bessemer.serving.server import run
+
+    run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level,
+        max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
+        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache)

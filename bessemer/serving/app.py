@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP app over one AsyncLLM, built by `build_app` (no module state).
+
+Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or SSE when `stream`), GET
+/v1/models, /health, /metrics. Every error is OpenAI's JSON error shape with a 4xx status
+(503 while shutting down, 500 only for a bug). A request's sequences are aborted, and their
+KV blocks freed, as soon as its client disconnects.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations, and
+# `Request` is imported inside build_app, where string annotations could not be resolved.
+import asyncio
+import hmac
+import json
+import time
+import uuid
+
+from bessemer.errors import BessemerError
+from bessemer.runtime.async_llm import AsyncLLM, EngineClosedError, RequestStream
+from bessemer.serving import protocol as P
+from bessemer.serving.metrics import ServerMetrics
+from bessemer.serving.streams import Collected, events
+
+
+def _shutting_down() -> P.ApiError:
+    return P.ApiError(503, "the server is shutting down; the request was aborted", "server_error",
+                      code="service_unavailable")
+
+
+def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    app = FastAPI(title="Bessemer", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics()
+    created = int(time.time())
+    tokenizer = engine.llm.tokenizer
+
+    def decode_token(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False)
+
+    # ---- errors: always {"error": {...}} ----
+    def error_response(e: P.ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(P.ApiError)
+    async def api_error(request, e: P.ApiError):
+        return error_response(e)
+
+    @app.exception_handler(BessemerError)  # InvalidOptionError, RequestError: the request's fault
+    async def bessemer_error(request, e: BessemerError):
+        return error_response(P.ApiError(400, str(e)))
+
+    @app.exception_handler(EngineClosedError)
+    async def engine_closed(request, e):
+        return error_response(_shutting_down())
+
+    @app.exception_handler(HTTPException)  # unknown route, wrong method
+    async def http_error(request, e: HTTPException):
+        return error_response(P.ApiError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, e: Exception):
+        return error_response(P.ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+
+    # A dependency rather than middleware: BaseHTTPMiddleware would sit between the
+    # endpoints and `request.receive`, which the disconnect watch below reads.
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise P.ApiError(401, "invalid or missing API key; send 'Authorization: Bearer KEY'",
+                             code="invalid_api_key")
+
+    v1 = {"dependencies": [Depends(authorize)]}
+
+    # ---- plain routes ----
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive:
+            return error_response(P.ApiError(503, "the engine thread has stopped", "server_error"))
+        return {"status": "ok"}
+
+    @app.get("/v1/models", **v1)
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "bessemer", "max_model_len": engine.llm.max_seq_len}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(engine.stats()), media_type="text/plain; version=0.0.4")
+
+    # ---- generation ----
+    async def read(request: Request, model: type):
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise P.ApiError(400, f"the request body is not valid JSON ({e})") from None
+        req = P.parse(model, body)
+        if req.model is not None and req.model != model_name:
+            raise P.ApiError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
+                             param="model", code="model_not_found")
+        return req
+
+    async def start(prompts: list[list[int]], params) -> list[RequestStream]:
+        streams: list[RequestStream] = []
+        try:
+            for ids in prompts:
+                streams.append(await engine.add_request(ids, params))
+        except BaseException:  # one bad prompt of several: drop the ones already queued
+            for s in streams:
+                s.abort()
+            raise
+        for ids in prompts:
+            metrics.request_started(len(ids))
+        return streams
+
+    def head(rid: str, obj: str, choices: list, **extra) -> dict:
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
+                "choices": choices, **extra}
+
+    @app.post("/v1/completions", **v1)
+    async def completions(request: Request):
+        req: P.CompletionRequest = await read(request, P.CompletionRequest)
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts()]
+        params = req.sampling_params(req.max_tokens, req.logprobs)
+        streams = await start(prompts, params)
+        rid, num_prompt = f"cmpl-{uuid.uuid4().hex}", sum(len(p) for p in prompts)
+
+        def logprobs(entries, token_ids, offset):
+            if req.logprobs is None:
+                return None
+            return P.completion_logprobs(entries, token_ids, req.logprobs, decode_token, offset)
+
+        if req.stream:
+            async def chunks():
+                offsets: dict[int, int] = {}  # text_offset continues across chunks
+                async for i, d in events(streams, params.n, metrics):
+                    lp = logprobs(d.logprobs, d.token_ids, offsets.get(i, 0)) if d.logprobs else None
+                    offsets[i] = offsets.get(i, 0) + len(d.text)
+                    choice = {"index": i, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
+                    yield head(rid, "text_completion", [choice]), len(d.token_ids)
+
+            return sse(chunks(), lambda u: head(rid, "text_completion", [], usage=u), num_prompt, req.include_usage)
+
+        result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
+        choices = [{"index": i, "text": c.text, "logprobs": logprobs(c.logprobs, c.token_ids, 0),
+                    "finish_reason": c.finish_reason} for i, c in enumerate(result.choices)]
+        return head(rid, "text_completion", choices, usage=P.usage(num_prompt, result.num_output_tokens))
+
+    @app.post("/v1/chat/completions", **v1)
+    async def chat_completions(request: Request):
+        req: P.ChatCompletionRequest = await read(request, P.ChatCompletionRequest)
+        prompt = tokenizer.encode_chat([m.as_template_input() for m in req.messages])
+        k = req.num_logprobs()
+        params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k)
+        streams = await start([prompt], params)
+        rid, chunk = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk"
+
+        def logprobs(entries, token_ids):
+            return None if k is None else P.chat_logprobs(entries, token_ids, k, decode_token)
+
+        if req.stream:
+            async def chunks():
+                # OpenAI sends the role first, in a chunk of its own
+                yield head(rid, chunk, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None} for i in range(params.n)]), 0
+                async for i, d in events(streams, params.n, metrics):
+                    choice = {"index": i, "delta": {"content": d.text} if d.text else {},
+                              "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None,
+                              "finish_reason": d.finish_reason}
+                    yield head(rid, chunk, [choice]), len(d.token_ids)
+
+            return sse(chunks(), lambda u: head(rid, chunk, [], usage=u), len(prompt), req.include_usage)
+
+        result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
+        choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs(c.logprobs, c.token_ids), "finish_reason": c.finish_reason}
+                   for i, c in enumerate(result.choices)]
+        return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens))
+
+    def sse(chunks, usage_chunk, num_prompt_tokens: int, include_usage: bool):
+        """`chunks` yields (chunk, new token count); closing it (client gone) aborts."""
+        async def body():
+            num_output = 0
+            try:
+                async for chunk, num_tokens in chunks:
+                    num_output += num_tokens
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            except EngineClosedError:  # headers are out: report it the way OpenAI streams errors
+                yield f"data: {json.dumps(_shutting_down().body())}\n\n"
+                return
+            finally:
+                await chunks.aclose()
+            if include_usage:
+                yield f"data: {json.dumps(usage_chunk(P.usage(num_prompt_tokens, num_output)))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+async def until_disconnect(request, coro):
+    """Awaits `coro`, cancelling it (and so aborting its sequences) if the client hangs up:
+    a non-streaming response would otherwise compute on for nobody."""
+    task = asyncio.ensure_future(coro)
+    disconnected = False
+
+    async def watch():
+        nonlocal disconnected
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        disconnected = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not disconnected:  # this handler itself was cancelled
+            task.cancel()
+            raise
+        raise P.ApiError(499, "the client closed the connection") from None
+    finally:
+        watcher.cancel()

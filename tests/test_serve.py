@@ -1,0 +1,247 @@
+"""`bessemer serve` as a real subprocess on loopback, driven by the official openai client.
+
+Two servers of the bf16 SmolLM2 engine run for the whole module: `server` (defaults, with
+an API key) and `small` (`--kv-cache-gib 0 --no-prefix-cache`: the minimum KV pool, so
+concurrent long prompts must be preempted, and no prefix cache, so it is the reference for
+prefix-cache hits). Outputs are greedy, so "correct" means "equal to the same request
+served alone". `small` is SIGTERMed by the last test.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+MODEL = "smollm2"
+KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, engine, log_path, *flags: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bessemer.cli.main", "serve", str(engine), "--port", str(self.port),
+             "--model-name", MODEL, "--log-level", "warning", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.key = KEY if "--api-key" in flags else "unused"
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited {self.proc.returncode}:\n{self.log_path.read_text()}"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready:\n{self.log_path.read_text()}")
+
+    def client(self):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics").text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    def post(self, path: str, body, key: str | None = KEY) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return httpx.post(f"{self.url}{path}", content=content, headers=headers, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_engine, tmp_path_factory):
+    engine = smollm2_engine("bfloat16")
+    logs = tmp_path_factory.mktemp("serve-logs")
+    started = [Server(engine, logs / "server.log", "--api-key", KEY),
+               Server(engine, logs / "small.log", "--kv-cache-gib", "0", "--no-prefix-cache")]
+    try:
+        for s in started:
+            s.wait_ready()
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def small(servers):
+    return servers[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_engine):
+    from bessemer.runtime.tokenizer import Tokenizer
+
+    return Tokenizer(smollm2_engine("bfloat16"))
+
+
+def token_prompt(tokenizer, seed: int, length: int) -> list[int]:
+    """A distinct prompt of exactly `length` tokens."""
+    words = " ".join(f"{w}{(seed * 7919 + i * 104729) % 1000}" for i, w in
+                     enumerate(["river", "stone", "lamp", "orbit", "cedar", "violet"] * (length // 2)))
+    return tokenizer.encode(f"Record {seed}: {words}", add_special_tokens=False)[:length]
+
+
+def complete(client, prompt, max_tokens=12, **extra):
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                    extra_body={"ignore_eos": True, **extra})
+    return out.choices[0].text
+
+
+def test_completions_and_chat_stream_like_plain(server):
+    client = server.client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+    plain = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0)
+    assert plain.choices[0].text and plain.choices[0].finish_reason in ("stop", "length")
+    assert plain.usage.prompt_tokens > 0 and plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                              stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == chat.choices[0].message.content
+
+    # n, logprobs and several prompts in one request
+    out = client.completions.create(model=MODEL, prompt=["Once upon", "Hello"], max_tokens=4, temperature=0,
+                                    n=2, logprobs=2)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert out.choices[0].text == out.choices[1].text  # greedy: both samples agree
+    assert len(out.choices[0].logprobs.tokens) == 4 and len(out.choices[0].logprobs.top_logprobs[0]) == 2
+    chat_lp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, temperature=0,
+                                             logprobs=True, top_logprobs=3)
+    assert len(chat_lp.choices[0].logprobs.content) == 3
+    assert len(chat_lp.choices[0].logprobs.content[0].top_logprobs) == 3
+
+
+def test_concurrent_requests_match_one_at_a_time(server):
+    client = server.client()
+    prompts = [f"Fact number {i} about the ocean is that" for i in range(16)]
+    alone = [complete(client, p) for p in prompts]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(lambda p: complete(client, p), prompts))
+    assert together == alone
+
+
+def test_small_kv_pool_preempts_and_stays_correct(server, small, tokenizer):
+    # 8 prompts of 250 tokens take 16 blocks each: together the whole minimum pool (128
+    # blocks of 16 for max_seq_len 2048). Past 256 tokens each needs a 17th block, so some
+    # are preempted and recomputed.
+    prompts = [token_prompt(tokenizer, i, 250) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: complete(small.client(), p, max_tokens=16), prompts))
+    assert small.metrics()["bessemer_num_preemptions_total"] > 0
+    assert together == [complete(server.client(), p, max_tokens=16) for p in prompts]
+
+
+def test_prefix_cache_hits_and_same_output(server, small, tokenizer):
+    prefix = token_prompt(tokenizer, 99, 512)
+    questions = [tokenizer.encode(f" Question {q}: what comes next?", add_special_tokens=False) for q in (1, 2)]
+    first = complete(server.client(), prefix + questions[0])
+    before = server.metrics()
+    second = complete(server.client(), prefix + questions[1])
+    after = server.metrics()
+    assert after["bessemer_prefix_cache_hits_total"] - before["bessemer_prefix_cache_hits_total"] >= 512
+    assert after["bessemer_prefix_cache_queries_total"] > before["bessemer_prefix_cache_queries_total"]
+    assert [first, second] == [complete(small.client(), prefix + q) for q in questions]
+    assert small.metrics()["bessemer_prefix_cache_hits_total"] == 0
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "top_p": 2}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": [1] * 3000}, 400, None),
+    ("/v1/completions", {"prompt": [10 ** 9]}, 400, None),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", [1, 2], 400, None),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ("/v1/nonexistent", {}, 404, None),
+])
+def test_bad_requests_get_openai_errors(server, path, body, status, param):
+    r = server.post(path, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+
+
+def test_api_key_and_client_errors(server):
+    for key in (None, "wrong"):
+        r = server.post("/v1/completions", {"prompt": "hi"}, key=key)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.BadRequestError):
+        server.client().completions.create(model=MODEL, prompt="hi", max_tokens=-5)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_client_disconnect_aborts(server):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith("data:"))
+    deadline = time.monotonic() + 10
+    while server.metrics()["bessemer_num_requests_running"] > 0:
+        assert time.monotonic() < deadline, "the abandoned request is still running"
+        time.sleep(0.1)
+    m = server.metrics()
+    assert m['bessemer_request_success_total{finished_reason="abort"}'] >= 1
+    assert m["bessemer_kv_cache_usage_perc"] == 0
+
+
+def test_sigterm_during_stream_exits_cleanly(small):
+    body = {"prompt": "Tell me a long story.", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{small.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        small.proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert small.proc.wait(timeout=10) == 0
+    assert "error" in json.loads(rest[-1][len("data:"):])  # told why the stream ended early
