@@ -2,11 +2,11 @@
 
     python bench/serve.py --engine engines/smollm2-bf16 [--out bench/results/serve.json]
 
-(a) total output tokens/s for 32 requests (128-token prompts, 64 output tokens) sent at
-    once vs one at a time;
-(b) 16 requests sharing a 1024-token system prompt plus distinct 32-token questions, sent
-    one at a time: mean TTFT with prefix caching vs --no-prefix-cache;
-(c) p50/p99 TTFT and inter-token latency with 8 concurrent streams.
+(a) total output tokens/s for --requests (64) requests (128-token prompts, --output-tokens
+    (128) output tokens) sent at once vs one at a time;
+(b) --prefix-requests (32) requests sharing a 1024-token system prompt plus distinct 32-token
+    questions, sent one at a time: mean TTFT with prefix caching vs --no-prefix-cache;
+(c) p50/p99 TTFT and inter-token latency with --streams (16) concurrent streams.
 
 Times are taken on the client from the SSE chunks (one chunk per token). Every phase uses
 prompts of its own, so no phase is sped up by blocks an earlier one left in the cache.
@@ -79,23 +79,24 @@ async def run_requests(url: str, batch: list[list[int]], max_tokens: int, concur
         return list(results), time.perf_counter() - start
 
 
-def throughput(url: str) -> dict:
+def throughput(url: str, count: int, output_tokens: int) -> dict:
     out = {}
     for name, seed, concurrent in (("one_at_a_time", 1, False), ("all_at_once", 2, True)):
-        results, wall = asyncio.run(run_requests(url, prompts(seed, 32, 128), 64, concurrent))
+        results, wall = asyncio.run(run_requests(url, prompts(seed, count, 128), output_tokens, concurrent))
         out[name] = {"output_tok_s": sum(r["tokens"] for r in results) / wall, "wall_s": wall}
+    out["ratio"] = out["all_at_once"]["output_tok_s"] / out["one_at_a_time"]["output_tok_s"]
     return out
 
 
-def prefix_ttft(url: str) -> float:
+def prefix_ttft(url: str, count: int) -> float:
     system = prompts(3, 1, 1024)[0]
-    batch = [system + q for q in prompts(4, 16, 32)]
+    batch = [system + q for q in prompts(4, count, 32)]
     results, _ = asyncio.run(run_requests(url, batch, 8, concurrent=False))
     return float(np.mean([r["ttft"] for r in results]))
 
 
-def latency(url: str) -> dict:
-    results, _ = asyncio.run(run_requests(url, prompts(5, 8, 128), 64, concurrent=True))
+def latency(url: str, streams: int) -> dict:
+    results, _ = asyncio.run(run_requests(url, prompts(5, streams, 128), 64, concurrent=True))
     ttft = [r["ttft"] for r in results]
     itl = [t for r in results for t in r["itl"]]
     return {"ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
@@ -107,20 +108,25 @@ def main() -> None:
     ap.add_argument("--engine", required=True, help="engine directory (e.g. built with build-engine)")
     ap.add_argument("--threads", default=None, help="passed to bessemer serve")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--prefix-requests", type=int, default=32)
+    ap.add_argument("--streams", type=int, default=16)
     args = ap.parse_args()
     flags = ["--threads", args.threads] if args.threads else []
 
     result = {"engine": args.engine}
     server = Server(args.engine, *flags)
     try:
-        result["throughput_32x128in_64out"] = throughput(server.url)
-        result["latency_8_streams"] = latency(server.url)
-        result["prefix_1024_mean_ttft_s"] = {"prefix_caching": prefix_ttft(server.url)}
+        result[f"throughput_{args.requests}x128in_{args.output_tokens}out"] = throughput(
+            server.url, args.requests, args.output_tokens)
+        result[f"latency_{args.streams}_streams"] = latency(server.url, args.streams)
+        result["prefix_1024_mean_ttft_s"] = {"prefix_caching": prefix_ttft(server.url, args.prefix_requests)}
     finally:
         server.stop()
     server = Server(args.engine, "--no-prefix-cache", *flags)
     try:
-        result["prefix_1024_mean_ttft_s"]["no_prefix_cache"] = prefix_ttft(server.url)
+        result["prefix_1024_mean_ttft_s"]["no_prefix_cache"] = prefix_ttft(server.url, args.prefix_requests)
     finally:
         server.stop()
     text = json.dumps(result, indent=2)

@@ -156,9 +156,9 @@ def test_completions_and_chat_stream_like_plain(server):
 
 def test_concurrent_requests_match_one_at_a_time(server):
     client = server.client()
-    prompts = [f"Fact number {i} about the ocean is that" for i in range(16)]
+    prompts = [f"Fact number {i} about the ocean is that" for i in range(32)]  # the 32
     alone = [complete(client, p) for p in prompts]
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(32) as pool:
         together = list(pool.map(lambda p: complete(client, p), prompts))
     assert together == alone
 
