@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tolerances import PREEMPTION_TIE_MARGIN
+
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -168,10 +170,24 @@ def test_small_kv_pool_preempts_and_stays_correct(server, small, tokenizer):
     # blocks of 16 for max_seq_len 2048). Past 256 tokens each needs a 17th block, so some
     # are preempted and recomputed.
     prompts = [token_prompt(tokenizer, i, 250) for i in range(8)]
+
+    def greedy(client, p):
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0,
+                                         logprobs=2).choices[0].logprobs
+
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: complete(small.client(), p, max_tokens=16), prompts))
+        together = list(pool.map(lambda p: greedy(small.client(), p), prompts))
     assert small.metrics()["bessemer_num_preemptions_total"] > 0
-    assert together == [complete(server.client(), p, max_tokens=16) for p in prompts]
+    for got, ref in zip(together, [greedy(server.client(), p) for p in prompts]):
+        if got.tokens == ref.tokens:
+            continue
+        # A recomputed sequence runs its tokens through the prefill GEMM instead of the decode
+        # GEMV: fp32 sums in another order. Outputs may then part only where the reference's
+        # two best tokens are within PREEMPTION_TIE_MARGIN (these synthetic prompts have such
+        # near-ties); a real recompute bug diverges at a confident token and fails here.
+        j = next(i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b)
+        best, second = sorted(ref.top_logprobs[j].values(), reverse=True)[:2]
+        assert best - second < PREEMPTION_TIE_MARGIN, (j, ref.top_logprobs[j], got.tokens, ref.tokens)
 
 
 def test_prefix_cache_hits_and_same_output(server, small, tokenizer):
