@@ -93,6 +93,11 @@ def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     report = json.loads((engine / "build_report.json").read_text())
     assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
+    from bessemer.runtime.inspect import describe, format_description
+
+    text = format_description(describe(engine))
+    worst = min(report["quant_error"].items(), key=lambda kv: kv[1]["sqnr_db"])
+    assert f"SQNR min {worst[1]['sqnr_db']:.1f} dB" in text and worst[0] in text  # inspect shows them
     config = json.loads((engine / "config.json").read_text())
     assert config["quant"]["mode"] == quant.mode and config["quant"]["exclude_modules"] == ["model.embed_tokens", "lm_head"]
     hf = _fake_quantize_hf(copy.deepcopy(_hf_model(str(ckpt), "float32")), quant)

@@ -27,7 +27,12 @@ def describe(engine_dir: str | Path) -> dict:
             "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
         })
     report = d / "build_report.json"
-    return {"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
+    quant_error = {}
+    if report.exists():
+        import json
+
+        quant_error = json.loads(report.read_text()).get("quant_error") or {}
+    return {"quant_error": quant_error,"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
             "target": config["target"], "isa_baseline": config.get("isa_baseline"),
             "model": config["model"], "build": config["build"], "quant": config["quant"],
             "mapping": config["mapping"], "plugins": config["plugins"], "passes": config.get("passes", []),
@@ -46,6 +51,7 @@ def format_description(info: dict) -> str:
         f"build         dtype {b['dtype']}, kv cache {b['kv_cache_dtype'] or b['dtype']}, max_seq_len {b['max_seq_len']}, "
         f"max_batch_size {b['max_batch_size']}, max_num_tokens {b['max_num_tokens']}, kv_block_size {b['kv_block_size']}",
         f"quantization  {info['quant'] or 'none'}",
+        *_quant_error_lines(info["quant_error"]),
         f"mapping       tp {info['mapping']['tp_size']}, pp {info['mapping']['pp_size']}",
         f"passes        {', '.join(info['passes']) or 'none'}",
         f"plugins       {', '.join(info['plugins'])}",
@@ -56,3 +62,15 @@ def format_description(info: dict) -> str:
         lines.append("  kernels     " + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernel_calls"].items())))
         lines.append(f"  sha256      {r['sha256']}")
     return "\n".join(lines)
+
+
+def _quant_error_lines(quant_error: dict) -> list[str]:
+    """Per-tensor SQNR of the quantized weights (from build_report.json), worst first."""
+    if not quant_error:
+        return []
+    ranked = sorted(quant_error.items(), key=lambda kv: kv[1]["sqnr_db"])
+    values = [v["sqnr_db"] for _, v in ranked]
+    lines = [f"quant error   {len(values)} tensors, SQNR min {values[0]:.1f} dB, "
+             f"mean {sum(values) / len(values):.1f} dB, max {values[-1]:.1f} dB"]
+    lines += [f"  {name:52s} {v['sqnr_db']:6.2f} dB" for name, v in ranked]
+    return lines
