@@ -16,8 +16,7 @@ import hashlib
 from pathlib import Path
 from typing import Callable
 
-from bessemer.errors import BessemerError
-from bessemer.runtime.evaluate import perplexity, read_dataset, windows
+from bessemer.runtime.evaluate import hf_score_fn, load_hf_model, perplexity, read_dataset, windows
 
 Progress = Callable[[str], None]
 
@@ -32,32 +31,20 @@ class Reference:
 
     def _torch_model(self):
         if self._model is None:
-            try:
-                import torch
-                from transformers import AutoModelForCausalLM
-            except ImportError:
-                raise BessemerError("validation gates need torch and transformers; run "
-                                    "`pip install torch==2.13.0 transformers`") from None
-            if self.threads:
-                torch.set_num_threads(self.threads)
             from transformers.utils import logging as hf_logging
 
             # its per-weight progress bar would bury ours; restored after, as it was
             was_enabled = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()
             try:
-                self._model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+                self._model = load_hf_model(self.model_dir, "validation gates", self.threads)
             finally:
                 if was_enabled:
                     hf_logging.enable_progress_bar()
         return self._model
 
     def score(self, group: list[list[int]]):
-        import torch
-
-        model = self._torch_model()
-        with torch.no_grad():
-            return [model(torch.tensor([w])).logits[0].numpy() for w in group]
+        return hf_score_fn(self._torch_model())(group)
 
     def perplexity(self, wins: list[list[int]]):
         key = ("ppl", hashlib.sha256(repr(wins).encode()).hexdigest())

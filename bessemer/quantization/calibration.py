@@ -87,14 +87,11 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
     if path.exists():
         progress(f"calibration: cached statistics {path}")
         return _load(path)
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        raise BessemerError("calibrated quantization needs torch and transformers; "
-                            "run `pip install torch==2.13.0 transformers`") from None
+    from bessemer.runtime.evaluate import load_hf_model
+
     wins = calibration_windows(model_dir, spec)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = load_hf_model(model_dir, "calibrated quantization")
+    import torch  # present: load_hf_model checked it
     stats: dict[str, dict] = {}
     rng = np.random.default_rng(0)
     take = max(1, SAMPLE_ROWS // len(wins))

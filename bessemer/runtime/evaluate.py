@@ -67,19 +67,30 @@ def perplexity(score: Callable[[list[list[int]]], Iterable[np.ndarray]], wins: l
     return Perplexity(float(np.exp(nll / count)), count, nll)
 
 
-def hf_scorer(model_dir: str | Path, threads: int | None = None):
-    """A `score` function backed by HF transformers in fp32 (the reference)."""
+def load_hf_model(model_dir: str | Path, purpose: str, threads: int | None = None):
+    """HF transformers' fp32 model of a checkpoint: the reference every oracle uses.
+    `purpose` names what needs it, for the error when torch or transformers is missing."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError:
-        raise BessemerError("--reference needs torch and transformers; run `pip install torch==2.13.0 transformers`") from None
+        raise BessemerError(f"{purpose} needs torch and transformers; run `pip install torch==2.13.0 transformers`") from None
     if threads:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def hf_score_fn(model):
+    """A `score` function (see `perplexity`) backed by a loaded HF model."""
+    import torch
 
     def score(group: list[list[int]]):
         with torch.no_grad():
             return [model(torch.tensor([w])).logits[0].numpy() for w in group]
 
     return score
+
+
+def hf_scorer(model_dir: str | Path, threads: int | None = None):
+    """A `score` function backed by HF transformers in fp32 (the reference)."""
+    return hf_score_fn(load_hf_model(model_dir, "--reference", threads))
