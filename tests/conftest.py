@@ -81,7 +81,6 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
 
 def hf_logits(model_dir: Path, token_ids: list[int], dtype: str = "float32") -> np.ndarray:
     import torch
-    from transformers import AutoModelForCausalLM
 
     model = _hf_model(str(model_dir), dtype)
     with torch.no_grad():
