@@ -45,3 +45,30 @@ def test_awq_scales_reduce_output_error_and_fold_exactly():
     folded_norm = apply_transform(norm, ((1 / s).astype(np.float32), None))
     scaled_w = apply_transform(w, (None, s))
     assert np.allclose((x * folded_norm) @ scaled_w.T, (x * norm) @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def test_calibration_statistics_match_a_direct_forward(smollm2_dir, tmp_path, monkeypatch):
+    """collect() over two windows vs the same windows run through HF by hand: the
+    per-channel statistics of one linear's input aggregate over every row of every window."""
+    import torch
+
+    from bessemer.quantization.calibration import CalibrationSpec, calibration_windows, collect
+    from conftest import WIKITEXT, _hf_model
+
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path))
+    spec = CalibrationSpec(WIKITEXT, num_samples=2, seq_len=32)
+    stats = collect(smollm2_dir, spec)["model.layers.1.mlp.down_proj"]
+    model, rows = _hf_model(str(smollm2_dir), "float32"), []
+    handle = model.model.layers[1].mlp.down_proj.register_forward_hook(
+        lambda m, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1])))
+    with torch.no_grad():
+        for w in calibration_windows(smollm2_dir, spec):
+            model(torch.tensor([w]))
+    handle.remove()
+    x = torch.cat(rows).double().numpy()  # (64, intermediate)
+    assert int(stats["rows"]) == len(x) == 64
+    np.testing.assert_allclose(stats["abs_max"], np.abs(x).max(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(stats["abs_mean"], np.abs(x).mean(axis=0), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(stats["hessian"], x.T @ x, rtol=1e-4, atol=1e-4 * np.abs(x.T @ x).max())
+    cached = collect(smollm2_dir, spec)["model.layers.1.mlp.down_proj"]  # second call: from the cache
+    np.testing.assert_array_equal(cached["abs_max"], stats["abs_max"])

@@ -5,6 +5,7 @@ text; forward hooks gather, per distinct linear input, what the algorithms need:
 
     hessian    sum of x^T x over all rows      (K, K)  GPTQ
     abs_mean   mean |x| per input channel      (K,)    AWQ scale search
+    abs_max    max |x| per input channel       (K,)    SmoothQuant factors, FP8/INT8 activation scales
     sample     a fixed subset of rows          (R, K)  AWQ loss
 
 q/k/v (and gate/up) read the same input, so it is recorded once, under the first one.
@@ -24,7 +25,7 @@ import numpy as np
 
 from bessemer.errors import BessemerError
 
-STATS_VERSION = 1
+STATS_VERSION = 2  # 2: abs_max
 SAMPLE_ROWS = 256
 # siblings that read the same input as the first member of their group
 SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
@@ -80,7 +81,7 @@ def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int
 
 
 def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], None] = lambda m: None) -> dict:
-    """Returns {input_key: {"hessian", "abs_mean", "sample", "rows"}} (numpy), cached."""
+    """Returns {input_key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached."""
     model_dir = Path(model_dir)
     key = _content_hash(model_dir, spec)
     path = cache_dir() / f"{key}.npz"
@@ -101,9 +102,11 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
             x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # (rows, K)
             s = stats.setdefault(name, {"hessian": torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64),
                                         "abs_sum": torch.zeros(x.shape[1], dtype=torch.float64),
+                                        "abs_max": torch.zeros(x.shape[1], dtype=torch.float32),
                                         "sample": [], "rows": 0})
             s["hessian"] += (x.T @ x).double()
             s["abs_sum"] += x.abs().sum(0).double()
+            s["abs_max"] = torch.maximum(s["abs_max"], x.abs().amax(0))
             s["rows"] += x.shape[0]
             rows = rng.choice(x.shape[0], size=min(take, x.shape[0]), replace=False)
             s["sample"].append(x[torch.from_numpy(np.sort(rows))].numpy())
@@ -121,6 +124,7 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
         for h in handles:
             h.remove()
     result = {name: {"hessian": s["hessian"].float().numpy(), "abs_mean": (s["abs_sum"] / s["rows"]).float().numpy(),
+                     "abs_max": s["abs_max"].numpy(),
                      "sample": np.concatenate(s["sample"])[:SAMPLE_ROWS], "rows": np.int64(s["rows"])}
               for name, s in stats.items()}
     _save(path, result)
