@@ -125,6 +125,16 @@ def smollm2_engine(smollm2_dir, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def calibration_text(tmp_path_factory) -> Path:
+    """Calibration text held out from evaluation: the second half of WikiText-2 valid.
+    Perplexity is scored on the file's first tokens, so calibrating on them would leak."""
+    text = WIKITEXT.read_text(encoding="utf-8")
+    path = tmp_path_factory.mktemp("calib") / "wikitext-2-valid-second-half.txt"
+    path.write_text(text[len(text) // 2:], encoding="utf-8")
+    return path
+
+
 def pytest_configure(config):
     # Torch and the engine share the 2 cores; keep torch from oversubscribing them.
     os.environ.setdefault("OMP_NUM_THREADS", "2")
