@@ -19,3 +19,7 @@ class EngineLoadError(BessemerError):
 
 class RequestError(BessemerError):
     """A request the engine cannot serve (e.g. a prompt longer than max_seq_len)."""
+
+
+class TensorParallelError(BessemerError):
+    """A rank of a tensor-parallel engine died, hung or failed; the engine is stopped."""

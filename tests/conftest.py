@@ -31,12 +31,12 @@ TINY_FAMILIES = {
 }
 
 
-def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0) -> Path:
+def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
     import torch
     import transformers
 
     config_cls, overrides = TINY_FAMILIES[kind]
-    config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides})
+    config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

@@ -27,7 +27,8 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
-from bessemer.builder.quantize_weights import CalibrationResult, calibrate, quantize_weight
+from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
+                                               slice_codes)
 from bessemer.quantization.awq import apply_transform
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
@@ -56,6 +57,10 @@ class WeightSource:
 
     A quantized weight is quantized once, when its first part (the codes) is asked for;
     its scales/offsets follow it in the tensor order, then the cache is dropped.
+    A tensor-parallel shard (TensorSpec.slices) reads only its rows/columns of each part,
+    except where exactness needs the whole row: a K-split (column-sliced) int8 weight's
+    per-channel scale is the full row's, and GPTQ propagates error along the whole row, so
+    those read the full rows of the shard, quantize them and keep the shard's columns.
     """
 
     def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
@@ -64,29 +69,48 @@ class WeightSource:
         self.quant_stats: dict[str, dict] = {}
         self._cached: tuple[str, dict] | None = None
 
-    def part(self, name: str) -> np.ndarray:
-        """A checkpoint tensor, with the AWQ scaling folded in where there is one."""
-        arr = self.ckpt.get(name)
+    def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
+        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
+        arr = self.ckpt.get(name, sl)
         if self.calibration and name in self.calibration.transforms:
-            arr = apply_transform(arr, self.calibration.transforms[name])
+            row, col = self.calibration.transforms[name]
+            if sl is not None:
+                row = row[sl[0]:sl[1]] if row is not None else None
+                col = col[sl[2]:sl[3]] if col is not None and arr.ndim == 2 else col
+            arr = apply_transform(arr, (row, col))
         return arr
 
-    def fp32(self, spec: TensorSpec) -> np.ndarray:
+    def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
         if spec.name in self.constants:
             return self.constants[spec.name]
-        arrays = [self.part(p) for p in spec.parts]
+        slices = spec.slices or (None,) * len(spec.parts)
+        if full_rows:
+            slices = [(s[0], s[1], 0, self.ckpt.index[p].shape[1]) for p, s in zip(spec.parts, slices)]
+        arrays = [self.part(p, sl) for p, sl in zip(spec.parts, slices)]
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+
+    def _quantize(self, spec: TensorSpec) -> dict:
+        hessian = self.calibration.hessian_for(spec) if self.calibration else None
+        act_order = bool(self.calibration and self.calibration.act_order)
+        k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
+        if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):
+            full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
+            c0, c1 = k_split[0][2], k_split[0][3]
+            codes, scale, offset = slice_codes(*quantize_codes(full, spec.quant, hessian, act_order),
+                                               spec.quant, c0, c1)
+            w = full[:, c0:c1]
+        else:
+            w = self.fp32(spec)
+            codes, scale, offset = quantize_codes(w, spec.quant, hessian, act_order)
+        parts, self.quant_stats[spec.source] = pack_quantized(w, codes, scale, offset, spec.quant)
+        return parts
 
     def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
         def produce() -> np.ndarray:
             if not spec.quant:
                 return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
-                hessian = self.calibration.hessian_for(spec) if self.calibration else None
-                act_order = bool(self.calibration and self.calibration.act_order)
-                parts, stats = quantize_weight(self.fp32(spec), spec.quant, hessian, act_order)
-                self.quant_stats[spec.source] = stats
-                self._cached = (spec.source, parts)
+                self._cached = (spec.source, self._quantize(spec))
             return self._cached[1][spec.role]
         return produce
 
@@ -117,12 +141,77 @@ def _commit_output(tmp: Path, output: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Path, dump_ir):
+    try:
+        graph = family.build_graph(cfg, ckpt.shapes())
+    except (KeyError, GraphError) as e:
+        missing = e.args[0] if isinstance(e, KeyError) else str(e)
+        raise BessemerError(f"checkpoint {model_dir} does not match its config ({missing}); "
+                            "re-export it with save_pretrained") from None
+    if dump_ir and build.tp_size > 1:
+        dump_ir = Path(dump_ir) / f"rank{build.tp_rank}"
+    graph, applied = run_passes(graph, build, Path(dump_ir) if dump_ir else None)
+    attn = next((n for n in graph.nodes if n.op == "attention"), None)
+    kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
+    kv = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads, head_dim=cfg.head_dim)
+    plan, specs = lower(graph, build, kv)
+    return graph, applied, plan, specs
+
+
+def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress) -> dict:
+    """Builds and writes rank{build.tp_rank}.engine into tmp; returns what config.json and
+    the build report need about it. Opens its own checkpoint (it may run in a child)."""
+    t = time.perf_counter()
+    rank = build.tp_rank
+    ckpt = Checkpoint(model_dir)
+    family = family_for(ckpt.config)
+    cfg = family.config_from_hf(ckpt.config)
+    graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, build, model_dir, None)
+    total = sum(fmt.packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
+    done = [0, 0]
+    prefix = f"rank {rank}: " if build.tp_size > 1 else ""
+
+    def on_tensor(name: str, nbytes: int) -> None:
+        done[0] += nbytes
+        done[1] += 1
+        if done[1] % 20 == 0 or done[0] == total:
+            say(f"{prefix}packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
+
+    header = {"rank": rank, "tp_size": build.tp_size, "target": build.target, "isa_baseline": "avx2",
+              "plan": plan.to_json()}
+    source = WeightSource(ckpt, graph.constants, calibration)
+    entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
+    rank_file = tmp / f"rank{rank}.engine"
+    digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
+    ckpt.close()
+    return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
+            "kernels": plan.kernels(), "applied": applied, "quant_error": source.quant_stats,
+            "seconds": round(time.perf_counter() - t, 3),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
+                        for s in specs]}
+
+
+def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress,
+                 workers: int) -> list[dict]:
+    builds = [replace(build, tp_rank=r) for r in range(build.tp_size)]
+    if workers <= 1 or build.tp_size == 1:
+        return [_write_rank(model_dir, b, tmp, calibration, say) for b in builds]
+    from bessemer.builder.parallel_build import run_forked
+
+    # forked children inherit the calibration result (Hessians, AWQ scales) without a copy
+    return run_forked([lambda b=b: _write_rank(model_dir, b, tmp, calibration, say) for b in builds], workers)
+
+
 def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                  build: BuildConfig | None = None, dump_ir: str | os.PathLike | None = None,
-                 progress: Progress | None = None) -> Path:
-    """Builds an engine directory from a HF checkpoint directory; returns its path."""
+                 progress: Progress | None = None, workers: int = 1) -> Path:
+    """Builds an engine directory from a HF checkpoint directory; returns its path.
+    `workers` > 1 builds tensor-parallel ranks in that many processes at once."""
     say = progress or (lambda msg: None)
     build = build or BuildConfig()
+    if not isinstance(workers, int) or workers <= 0:
+        raise InvalidOptionError(f"--workers must be a positive integer, got {workers!r}")
     model_dir, output = Path(model_dir), Path(output_dir)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -134,75 +223,66 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     build = _resolve_limits(build, cfg.max_position_embeddings)
     timings["load"] = time.perf_counter() - t0
 
+    # Every rank's graph is checked (and dumped) before any calibration or packing starts,
+    # so a bad --tp fails in a second with nothing written.
     t = time.perf_counter()
-    try:
-        graph = family.build_graph(cfg, ckpt.shapes())
-    except (KeyError, GraphError) as e:
-        missing = e.args[0] if isinstance(e, KeyError) else str(e)
-        raise BessemerError(f"checkpoint {model_dir} does not match its config ({missing}); "
-                            "re-export it with save_pretrained") from None
-    graph, applied = run_passes(graph, build, Path(dump_ir) if dump_ir else None)
-    kv = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-    plan, specs = lower(graph, build, kv)
+    for r in range(build.tp_size):
+        graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
+        if r == 0:
+            say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
+                f"plan: {len(plan.steps)} kernel calls, {len(plan.buffers)} buffers"
+                + (f" (rank 0 of {build.tp_size})" if build.tp_size > 1 else ""))
     timings["graph_and_passes"] = time.perf_counter() - t
-    say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
-        f"plan: {len(plan.steps)} kernel calls, {len(plan.buffers)} buffers")
 
     calibration = None
     if build.quant is not None and build.quant.needs_calibration:
         t = time.perf_counter()
         calibration = calibrate(ckpt, cfg, build.quant, say)
         timings["calibration"] = time.perf_counter() - t
+    ckpt.close()
 
     tmp = _prepare_output(output)
     try:
         t = time.perf_counter()
-        total = sum(fmt.packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
-        done = [0, 0]
-
-        def on_tensor(name: str, nbytes: int) -> None:
-            done[0] += nbytes
-            done[1] += 1
-            if done[1] % 20 == 0 or done[0] == total:
-                say(f"packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
-
-        header = {"rank": 0, "tp_size": 1, "target": build.target, "isa_baseline": "avx2",
-                  "plan": plan.to_json()}
-        source = WeightSource(ckpt, graph.constants, calibration)
-        entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
-        rank_file = tmp / "rank0.engine"
-        digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
+        ranks = _write_ranks(model_dir, build, tmp, calibration, say, workers)
         timings["pack_and_write"] = time.perf_counter() - t
-        ckpt.close()
 
         copied = [name for name in TOKENIZER_FILES if (model_dir / name).exists()]
         for name in copied:
             shutil.copyfile(model_dir / name, tmp / name)
+        n = build.tp_size
         config = {
             "bessemer_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
             "target": build.target, "isa_baseline": "avx2",
             "model": cfg.to_json(), "build": build.to_json(),
             "quant": build.quant.to_json() if build.quant else None,
-            "mapping": {"tp_size": 1, "pp_size": 1, "world_size": 1},
-            "plugins": plan.kernels(), "passes": applied,
-            "ranks": [{"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest}],
+            "mapping": {"tp_size": n, "pp_size": 1, "world_size": n},
+            "plugins": sorted({k for r in ranks for k in r["kernels"]}), "passes": ranks[0]["applied"],
+            "ranks": [{"file": r["file"], "size": r["size"], "sha256": r["sha256"]} for r in ranks],
             "tokenizer_files": copied,
         }
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         timings["total"] = time.perf_counter() - t0
+        quant_error = {(name if n == 1 else f"{name}[rank{i}]"): v
+                       for i, r in enumerate(ranks) for name, v in r["quant_error"].items()}
         report = {"timings_s": {k: round(v, 3) for k, v in timings.items()},
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                  "passes": applied, "num_tensors": len(specs), "engine_bytes": rank_file.stat().st_size,
+                  "passes": ranks[0]["applied"], "num_tensors": len(ranks[0]["tensors"]),
+                  "engine_bytes": sum(r["size"] for r in ranks),
                   "quant": build.quant.to_json() if build.quant else None,
-                  "quant_error": source.quant_stats,
+                  "quant_error": quant_error,
                   "calibration": calibration.report if calibration else None,
-                  "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
-                              for s in specs]}
+                  "workers": min(workers, n),
+                  "ranks": [{"rank": i, "file": r["file"], "bytes": r["size"], "seconds": r["seconds"],
+                             "peak_rss_mib": r["peak_rss_mib"]} for i, r in enumerate(ranks)],
+                  "tensors": ranks[0]["tensors"]}
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
         _commit_output(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"engine written to {output} ({config['ranks'][0]['size'] / 2**20:.1f} MiB) in {timings['total']:.1f}s")
+    size = sum(r["size"] for r in ranks)
+    say(f"engine written to {output} ({size / 2**20:.1f} MiB{f' in {n} rank files' if n > 1 else ''}) "
+        f"in {timings['total']:.1f}s")
     return output

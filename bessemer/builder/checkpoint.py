@@ -91,19 +91,25 @@ class Checkpoint:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in self.index.items()}
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, sl: tuple | None = None) -> np.ndarray:
+        """The tensor as fp32; with `sl` = (row_start, row_stop, col_start, col_stop) only
+        that block (cols ignored for 1-D) is read from the mmap and converted."""
         loc = self.index[name]
         if loc.file not in self._maps:
             with open(loc.file, "rb") as f:
                 self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        np_dtype, _ = SAFETENSORS_DTYPES[loc.dtype]
-        raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // np.dtype(np_dtype).itemsize,
-                            offset=loc.start)
+        np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
+        rows = loc.shape[0] if loc.shape else 1
+        row_elems = int(np.prod(loc.shape[1:], dtype=np.int64)) if len(loc.shape) > 1 else 1
+        r0, r1 = (sl[0], sl[1]) if sl else (0, rows)
+        raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(r1 - r0) * row_elems,
+                            offset=loc.start + r0 * row_elems * size)
+        raw = raw.reshape(((r1 - r0),) + tuple(loc.shape[1:])) if loc.shape else raw.reshape(())
+        if sl and len(loc.shape) == 2:
+            raw = raw[:, sl[2]:sl[3]]  # a column block: only these bytes of each row are read
         if loc.dtype == "BF16":
-            arr = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            arr = raw.astype(np.float32)
-        return arr.reshape(loc.shape)
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float32)
 
     def close(self) -> None:
         for m in self._maps.values():

@@ -21,6 +21,7 @@ class BuildConfig:
     kv_cache_dtype: str | None = None
     target: str = "cpu"
     tp_size: int = 1
+    tp_rank: int = 0  # the rank a per-rank pass builds for; set by build_engine, not serialized
     fuse: bool = True  # run the fusion passes (off only to debug a fusion)
     quant: QuantConfig | None = None  # serialized on its own, as config.json "quant"
 
@@ -39,8 +40,8 @@ class BuildConfig:
             raise InvalidOptionError(f"--max-seq-len must be a positive integer, got {self.max_seq_len!r}")
         if self.kv_block_size & (self.kv_block_size - 1) or self.kv_block_size > 1024:
             raise InvalidOptionError(f"--kv-block-size must be a power of two up to 1024, got {self.kv_block_size}")
-        if self.tp_size != 1:
-            raise InvalidOptionError("--tp > 1 is not supported yet; build with --tp 1")
+        if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
+            raise InvalidOptionError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank!r}")
 
     @property
     def resolved_kv_dtype(self) -> str:
@@ -49,5 +50,6 @@ class BuildConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("quant")
+        d.pop("tp_rank")  # config.json describes every rank; each rank file's header names its rank
         return d
 

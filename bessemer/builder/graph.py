@@ -32,6 +32,21 @@ class WeightRef:
     # How the stored weight is quantized, set by the quantize pass: sorted (key, value)
     # pairs such as (("bits", 4), ("group_size", 64), ("zero_point", False)); () = not.
     quant: tuple = ()
+    # Which bytes of each part this rank stores, set by shard_tensor_parallel: one
+    # (row_start, row_stop, col_start, col_stop) per part (cols ignored for a 1-D part);
+    # () = every part whole. The weight source reads only these ranges.
+    slices: tuple = ()
+
+    def part_shapes(self, full: dict) -> list[tuple[int, ...]]:
+        """Shape of each part as stored (after its slice); `full`: name -> checkpoint shape."""
+        shapes = []
+        for i, p in enumerate(self.parts):
+            shape = tuple(full[p])
+            if self.slices:
+                r0, r1, c0, c1 = self.slices[i]
+                shape = (r1 - r0,) + ((c1 - c0,) + shape[2:] if len(shape) > 1 else ())
+            shapes.append(shape)
+        return shapes
 
     @staticmethod
     def single(name: str, shape: tuple[int, ...]) -> "WeightRef":
@@ -138,15 +153,23 @@ def verify(graph: Graph) -> Graph:
             for part in w.parts:
                 if part not in graph.weight_shapes:
                     raise GraphError(f"{n.name}: weight {part!r} is not in the checkpoint")
-            concat = sum(graph.weight_shapes[p][0] for p in w.parts)
-            if concat != w.shape[0] or any(tuple(graph.weight_shapes[p][1:]) != tuple(w.shape[1:])
-                                           for p in w.parts):
+            if w.slices and (len(w.slices) != len(w.parts) or not all(
+                    _slice_fits(s, graph.weight_shapes[p]) for p, s in zip(w.parts, w.slices))):
+                raise GraphError(f"{n.name}: weight {w.name} slices {w.slices} fall outside its parts")
+            shapes = w.part_shapes(graph.weight_shapes)
+            concat = sum(s[0] for s in shapes)
+            if concat != w.shape[0] or any(s[1:] != tuple(w.shape[1:]) for s in shapes):
                 raise GraphError(f"{n.name}: weight {w.name} shape {w.shape} does not match its parts")
     users = graph.consumers()
     for n in graph.nodes:
         if not any(o in users or o == graph.output for o in n.outputs):
             raise GraphError(f"{n.name}: dead node (no output is used)")
     return graph
+
+
+def _slice_fits(sl: tuple, shape: tuple) -> bool:
+    r0, r1, c0, c1 = sl
+    return 0 <= r0 < r1 <= shape[0] and (len(shape) < 2 or 0 <= c0 < c1 <= shape[1])
 
 
 def format_graph(graph: Graph) -> str:
@@ -156,7 +179,8 @@ def format_graph(graph: Graph) -> str:
     for n in graph.nodes:
         outs = ", ".join(f"%{o}:[{graph.values[o].rows},{graph.values[o].width}]" for o in n.outputs)
         ins = ", ".join(f"%{i}" for i in n.inputs)
-        ws = " ".join(f"{{{w.name} {list(w.shape)}{' ' + _quant_text(w.quant) if w.quant else ''}}}"
+        ws = " ".join(f"{{{w.name} {list(w.shape)}{' ' + _quant_text(w.quant) if w.quant else ''}"
+                      f"{' slices' + str(list(w.slices)) if w.slices else ''}}}"
                       for w in n.weights if w is not None)
         attrs = " ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
         lines.append(f"{outs} = {n.op}({ins}) {ws} {attrs}  # {n.name}".replace("  ", " "))

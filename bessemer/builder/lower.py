@@ -37,13 +37,14 @@ class TensorSpec:
     quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
     role: str = "data"  # data | codes | scales | offsets
     source: str = ""  # the (fp32) weight a quantized part is derived from
+    slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
 
 
 def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
     """Stored parts of a quantized linear weight (layouts: quantization/packing.py)."""
     q = dict(ref.quant)
     n, k = ref.shape
-    common = dict(parts=ref.parts, quant=ref.quant, source=ref.name)
+    common = dict(parts=ref.parts, quant=ref.quant, source=ref.name, slices=ref.slices)
     if q["bits"] == 8:
         return [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="panel16", role="codes", **common),
                 TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
@@ -74,7 +75,7 @@ def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
 
     def put(ref: WeightRef, dtype: str, layout: str) -> None:
         if ref.name not in specs or layout == "panel16":
-            specs[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, layout)
+            specs[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, layout, slices=ref.slices)
 
     for n in graph.nodes:
         for role, ref in zip(OPS[n.op].weight_roles, n.weights):

@@ -15,6 +15,7 @@ from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
 from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
 from bessemer.builder.passes.fuse_qkv import fuse_qkv
 from bessemer.builder.passes.quantize import quantize
+from bessemer.builder.passes.shard_tensor_parallel import shard_tensor_parallel
 
 Pass = Callable[[Graph, BuildConfig], Graph]
 
@@ -22,7 +23,10 @@ Pass = Callable[[Graph, BuildConfig], Graph]
 def phases(build: BuildConfig) -> list[tuple[str, list[Pass]]]:
     fusion = [fuse_qkv, fuse_gate_up, fuse_add_rmsnorm] if build.fuse else []
     # quantize after fusion: a fused qkv weight gets one set of per-channel/group scales
-    return [("fusion", fusion), ("quantization", [quantize] if build.quant else [])]
+    # shard last: quant params (group size) are chosen on the whole matrix, then each rank
+    # takes its slice of it
+    return [("fusion", fusion), ("quantization", [quantize] if build.quant else []),
+            ("parallelism", [shard_tensor_parallel] if build.tp_size > 1 else [])]
 
 
 def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None) -> tuple[Graph, list[str]]:

@@ -51,28 +51,51 @@ def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     return result
 
 
-def quantize_weight(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = None,
-                    act_order: bool = False) -> tuple[dict[str, np.ndarray], dict]:
-    """w: (N, K) fp32. Returns ({role: packed array}, {"sqnr_db": ..., ...}).
+def quantize_codes(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = None,
+                   act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """w: (N, K) fp32 -> unpacked codes (N, K), scales (N,) or (N, K/G), offsets (4-bit) or None.
     With a Hessian, 4-bit codes come from GPTQ, otherwise from round to nearest."""
     q = dict(quant)
     if q["bits"] == 8:
         codes, scale = prim.quantize_int8_per_channel(w)
+        return codes, scale, None
+    g = q["group_size"]
+    if hessian is not None:
+        from bessemer.quantization.gptq import gptq_int4
+
+        return gptq_int4(w, hessian, g, q["zero_point"], act_order)
+    scale, offset = prim.int4_group_params(w, g, q["zero_point"])
+    return prim.quantize_int4(w, scale, offset, g), scale, offset
+
+
+def slice_codes(codes, scale, offset, quant: tuple, c0: int, c1: int):
+    """Columns [c0, c1) of a quantized weight (a tensor-parallel K shard): per-channel int8
+    scales stay those of the full row; 4-bit groups must not straddle c0 or c1."""
+    q = dict(quant)
+    if q["bits"] == 8:
+        return codes[:, c0:c1], scale, None
+    g = q["group_size"]
+    assert c0 % g == 0 and c1 % g == 0, "the shard pass only cuts K on group boundaries"
+    return codes[:, c0:c1], scale[:, c0 // g:c1 // g], offset[:, c0 // g:c1 // g]
+
+
+def pack_quantized(w: np.ndarray, codes, scale, offset, quant: tuple) -> tuple[dict[str, np.ndarray], dict]:
+    """Stored parts of quantized `w` (N, K) and its SQNR (of exactly what is stored)."""
+    q = dict(quant)
+    if q["bits"] == 8:
         approx = prim.dequantize_int8_per_channel(codes, scale)
         parts = {"codes": pack_panel16(codes), "scales": scale}
     else:
-        g = q["group_size"]
-        if hessian is not None:
-            from bessemer.quantization.gptq import gptq_int4
-
-            codes, scale, offset = gptq_int4(w, hessian, g, q["zero_point"], act_order)
-        else:
-            scale, offset = prim.int4_group_params(w, g, q["zero_point"])
-            codes = prim.quantize_int4(w, scale, offset, g)
-        approx = prim.dequantize_int4(codes, scale, offset, g)
+        approx = prim.dequantize_int4(codes, scale, offset, q["group_size"])
         parts = {"codes": pack_panel16_int4(codes), "scales": pack_group_params(scale),
                  "offsets": pack_group_params(offset)}
     stats = {"sqnr_db": round(prim.sqnr_db(w, approx), 2), "bits": q["bits"]}
     if q["bits"] == 4:
         stats["group_size"] = q["group_size"]
     return parts, stats
+
+
+def quantize_weight(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = None,
+                    act_order: bool = False) -> tuple[dict[str, np.ndarray], dict]:
+    """w: (N, K) fp32. Returns ({role: packed array}, {"sqnr_db": ..., ...})."""
+    return pack_quantized(w, *quantize_codes(w, quant, hessian, act_order), quant)

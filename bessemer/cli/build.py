@@ -8,7 +8,7 @@ import click
 
 from bessemer.cli.common import Progress, fail, user_errors
 
-OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
+OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "tp_size")
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "act_order", "calib_data",
                "calib_samples", "calib_seq_len")
 
@@ -22,8 +22,10 @@ def _load_yaml(path: str) -> dict:
         fail(f"{path} is not valid YAML ({str(e).splitlines()[0]}); fix the file")
     if not isinstance(data, dict):
         fail(f"{path} must hold a mapping of build options (e.g. `dtype: bfloat16`)")
-    known = set(OPTION_FLAGS) | set(QUANT_FLAGS) | {"output", "dump_ir"}
+    known = set(OPTION_FLAGS) | set(QUANT_FLAGS) | {"output", "dump_ir", "workers", "tp"}
     options = {k.replace("-", "_"): v for k, v in data.items()}
+    if "tp" in options:
+        options["tp_size"] = options.pop("tp")
     unknown = sorted(set(options) - known)
     if unknown:
         fail(f"{path}: unknown option {unknown[0]!r}; known: {', '.join(sorted(known))}")
@@ -38,6 +40,8 @@ def _load_yaml(path: str) -> dict:
 @click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
 @click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
+@click.option("--tp", "tp_size", type=int, help="Tensor-parallel ranks: one rank file each, run as that many processes. [default: 1]")
+@click.option("--workers", type=int, help="Build this many ranks at once, each in its own process. [default: 1]")
 @click.option("--quant", help="Weight quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq. [default: none]")
 @click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
@@ -51,7 +55,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
-def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, quant,
+def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, tp_size, workers, quant,
          group_size, zero_point, exclude_modules, calib_data, calib_samples, calib_seq_len, act_order, dump_ir,
          config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
@@ -62,13 +66,15 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     from bessemer.quantization.config import QuantConfig
 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
-                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, output=output, dump_ir=dump_ir,
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, tp_size=tp_size, workers=workers,
+                 output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)
     options.update({k: v for k, v in flags.items() if v is not None})
     output = options.pop("output", None)
     dump_ir = options.pop("dump_ir", None)
+    workers = options.pop("workers", 1)
     if not output:
         fail("no output directory given; pass --output ENGINE_DIR")
     quant_options = {k: options.pop(k) for k in QUANT_FLAGS if k in options}
@@ -78,7 +84,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     if "exclude_modules" in quant_options:
         quant_options["exclude_modules"] = tuple(p.strip() for p in quant_options["exclude_modules"] if p.strip())
     build = BuildConfig(**options, quant=QuantConfig(mode, **quant_options) if mode else None)
-    path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet))
+    path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet), workers=workers)
     click.echo(str(path))
 
 

@@ -37,7 +37,7 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--stream", is_flag=True, help="Print text as it is generated (one prompt at a time).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt on stdout.")
-@click.option("--threads", type=int, default=None, help="Worker threads. [default: all cores]")
+@click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,

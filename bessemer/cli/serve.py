@@ -19,7 +19,7 @@ from bessemer.cli.common import fail, user_errors
 @click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
-@click.option("--threads", type=int, default=None, help="Worker threads. [default: all cores]")
+@click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @user_errors

@@ -89,6 +89,22 @@ def _attention(ins, attrs, ws):
     return [hq * d]
 
 
+def shard_range(full: int, tp_size: int, rank: int) -> tuple[int, int]:
+    """Rows [start, stop) of a `full`-long axis that `rank` holds when it is cut in tp_size
+    contiguous pieces of ceil(full / tp_size) (the last may be shorter): the rule of the
+    vocab-parallel lm_head, shared by the pass, all_gather's shape check and its kernel."""
+    chunk = -(-full // tp_size)
+    return min(full, rank * chunk), min(full, (rank + 1) * chunk)
+
+
+def _all_gather(ins, attrs, ws):
+    full, n, r = int(attrs["full_width"]), int(attrs["tp_size"]), int(attrs["tp_rank"])
+    start, stop = shard_range(full, n, r)
+    if ins[0] != stop - start:
+        raise ValueError(f"shard width {ins[0]} != {stop - start} (rank {r} of {n} over {full})")
+    return [full]
+
+
 OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("embedding", 1, 0, 1, ("table",), _embedding, {}, ROWS_TOKENS),
     OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}),
@@ -101,6 +117,11 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("split", 0, 1, -1, (), _split, {}),
     OpDecl("rope", 1, 2, 2, ("inv_freq",), _rope, {0: 0, 1: 1}),
     OpDecl("attention", 1, 3, 1, (), _attention, {}),
+    # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
+    # all_reduce: every rank's x replaced by the sum over ranks (in place).
+    OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
+    # all_gather: this rank's columns (shard_range(full_width)) -> the full row on every rank.
+    OpDecl("all_gather", 1, 1, 1, (), _all_gather, {}),
 ]}
 
 
@@ -115,6 +136,20 @@ def ref_rms_norm(x, w, eps, weight_offset=0.0):
 def ref_silu_mul(g, u):
     g64 = g.astype(np.float64)
     return (g64 / (1.0 + np.exp(-g64)) * u).astype(np.float32)
+
+
+def ref_all_reduce(shards: list[np.ndarray]) -> np.ndarray:
+    """Sum over ranks, accumulated in fp32 in rank order 0, 1, ..., exactly what the kernel
+    computes on every rank (so all ranks hold bit-identical residual streams)."""
+    out = np.array(shards[0], dtype=np.float32)
+    for s in shards[1:]:
+        out = (out + np.asarray(s, dtype=np.float32)).astype(np.float32)
+    return out
+
+
+def ref_all_gather(shards: list[np.ndarray]) -> np.ndarray:
+    """Rank shards (rows, width_r) side by side: (rows, sum of widths)."""
+    return np.concatenate([np.asarray(s, dtype=np.float32) for s in shards], axis=1)
 
 
 def ref_rope(x, positions, inv_freq, num_heads, head_dim, rotary_dim, scaling=1.0):

@@ -197,6 +197,8 @@ class AsyncLLM:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.llm.close()  # a tensor-parallel engine's worker ranks stop with it
 
     @property
     def is_alive(self) -> bool:

@@ -119,21 +119,31 @@ def _default_threads() -> int:
 class LLM:
     def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
-                 seed: int = 0, enable_prefix_caching: bool = True):
+                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0):
+        """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
+        (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
+        waits for a late peer inside a step before the engine stops with an error."""
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
+        self.tp_size = int(self.engine.config.get("mapping", {}).get("tp_size", 1))
         build = self.engine.build
         self.max_seq_len = int(build["max_seq_len"])
         self.max_num_tokens = int(build["max_num_tokens"])
         self.max_batch_size = int(build["max_batch_size"])
         self.block_size = int(build["kv_block_size"])
-        self.num_threads = num_threads or _default_threads()
+        self.num_threads = num_threads or max(1, _default_threads() // self.tp_size)
         # Enough blocks for a full batch of full-length sequences, capped by the memory
         # budget, but never fewer than one full-length sequence needs.
         per_block = self.engine.kv_bytes_per_token() * self.block_size
         budget = int((kv_cache_gib if kv_cache_gib is not None else DEFAULT_KV_CACHE_GIB) * 2**30)
         one_seq = blocks_needed(self.max_seq_len, self.block_size)
         self.num_kv_blocks = max(one_seq, min(one_seq * self.max_batch_size, budget // per_block))
-        self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
+        if self.tp_size > 1:
+            from bessemer.runtime import tp
+
+            self.executor = tp.start(self.engine, self.num_threads, self.num_kv_blocks, isa, tp_timeout_s,
+                                     verify_checksum, max_blocks=one_seq)
+        else:
+            self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
         self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
         self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
@@ -141,6 +151,13 @@ class LLM:
         self._eos_ids = self._find_eos_ids()
         self._seed = seed
         self._next_id = 0
+
+    def close(self) -> None:
+        """Stops the worker ranks of a tensor-parallel engine now (they also stop when this
+        LLM is garbage-collected or the process exits)."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     # ---- tokenizer ----
     @property

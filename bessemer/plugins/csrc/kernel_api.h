@@ -7,6 +7,7 @@
 // allocates (per-thread scratch comes from the StepContext).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -66,6 +67,34 @@ struct KernelCall {
     double fv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 };
 
+// Collectives of a tensor-parallel group (runtime/csrc/communicator.h implements them:
+// shared memory on one machine, or a Python object such as an MPI communicator). Calls
+// never throw: false means the group failed (a peer died, timed out or aborted) and
+// error() says why; the executor turns that into an exception after the step.
+class Collectives {
+   public:
+    virtual ~Collectives() = default;
+    virtual int rank() const = 0;
+    virtual int world() const = 0;
+    // x: rows x width (row stride ld) replaced by the sum over ranks, accumulated in rank
+    // order 0, 1, ... so every rank holds bit-identical results.
+    virtual bool all_reduce(float* x, int rows, int width, int64_t ld) = 0;
+    // x: rows x width, this rank's columns of a full-wide row (split by shard_range);
+    // y: rows x full, every rank's columns in place.
+    virtual bool all_gather(const float* x, int64_t ldx, int rows, int width, float* y, int64_t ldy,
+                            int full) = 0;
+    virtual bool failed() const = 0;
+    virtual std::string error() const = 0;
+};
+
+// Columns [start, stop) of a full-wide axis rank r holds: ceil(full / world) each
+// (plugins/ops.py shard_range).
+inline void shard_range(int full, int world, int r, int* start, int* stop) {
+    const int chunk = (full + world - 1) / world;
+    *start = std::min(full, r * chunk);
+    *stop = std::min(full, (r + 1) * chunk);
+}
+
 struct StepContext {
     int T = 0, S = 0, L = 0, B = 0;
     const int32_t* token_ids = nullptr;
@@ -94,6 +123,9 @@ struct StepContext {
     // Shared fp32 workspace (attention split-K partials), fwork_len floats; may be null.
     float* fwork = nullptr;
     int64_t fwork_len = 0;
+
+    // Tensor-parallel group (null for a one-rank engine).
+    Collectives* comm = nullptr;
 
     int rows(RowKind k) const { return k == ROWS_TOKENS ? T : L; }
     float* ptr(const ViewRef& v) const { return buf[v.buf] + v.col; }

@@ -13,6 +13,8 @@ namespace bessemer {
     void run_##name(const KernelCall& c, const StepContext& ctx);
 
 BESSEMER_KERNEL(add)
+BESSEMER_KERNEL(all_gather)
+BESSEMER_KERNEL(all_reduce)
 BESSEMER_KERNEL(add_rms_norm)
 BESSEMER_KERNEL(attention)
 BESSEMER_KERNEL(embedding)

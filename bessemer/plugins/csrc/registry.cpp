@@ -13,6 +13,8 @@ namespace {
 const KernelDef kKernels[] = {
     {"add", 1, prepare_add, run_add},
     {"add_rms_norm", 1, prepare_add_rms_norm, run_add_rms_norm},
+    {"all_gather", 1, prepare_all_gather, run_all_gather},
+    {"all_reduce", 1, prepare_all_reduce, run_all_reduce},
     {"attention", 1, prepare_attention, run_attention},
     {"embedding", 1, prepare_embedding, run_embedding},
     {"gather_rows", 1, prepare_gather_rows, run_gather_rows},

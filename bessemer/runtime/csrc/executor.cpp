@@ -304,6 +304,7 @@ void Executor::load_plan(const py::dict& plan) {
             max_heads_ = std::max<int>(max_heads_, int(c.iv[1]));
             max_group_ = std::max<int>(max_group_, int(c.iv[1] / c.iv[2]));
         }
+        if (c.op == "all_reduce" || c.op == "all_gather") needs_comm_ = true;
         if (c.op == "embedding") token_limit_ = std::min<int64_t>(token_limit_, c.iv[0]);
         calls_.push_back(std::move(c));
         defs_.push_back(def);
@@ -346,6 +347,19 @@ void Executor::set_profiling(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
     profiling_ = on;
     if (on) profile_.clear();
+}
+
+void Executor::attach_communicator(std::shared_ptr<Collectives> comm) {
+    if (!comm) fail("attach_communicator: communicator is None");
+    for (const KernelCall& c : calls_) {
+        if (c.op != "all_reduce" && c.op != "all_gather") continue;
+        if (c.iv[0] != comm->rank() || c.iv[1] != comm->world())
+            fail("this rank file is rank " + std::to_string(c.iv[0]) + " of " + std::to_string(c.iv[1]) +
+                 ", the communicator is rank " + std::to_string(comm->rank()) + " of " +
+                 std::to_string(comm->world()) + "; start one process per rank file");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    comm_ = std::move(comm);
 }
 
 std::vector<std::string> Executor::kernels() const {
@@ -422,6 +436,10 @@ py::array_t<float> Executor::step(const py::object& token_ids_o, const py::objec
             fail("logits_indices[" + std::to_string(i) + "]=" + std::to_string(li[i]) + " outside [0, " +
                  std::to_string(T) + ")");
 
+    if (needs_comm_ && !comm_)
+        fail("this is one rank of a tensor-parallel engine; run it through LLM (which starts every rank) "
+             "or attach a communicator first");
+
     py::array_t<float> out({L, int64_t(info_.vocab_size)});
     float* out_ptr = out.mutable_data();
     {
@@ -489,6 +507,7 @@ void Executor::run_steps(int T, int S, int L, int B, const int32_t* tok, const i
     ctx.iwork_len = int64_t(iwork_.size());
     ctx.fwork = fwork_.empty() ? nullptr : fwork_.data();
     ctx.fwork_len = int64_t(fwork_.size());
+    ctx.comm = comm_.get();
 
     if (T > 0) {
         if (!profiling_) {
@@ -504,6 +523,8 @@ void Executor::run_steps(int T, int S, int L, int B, const int32_t* tok, const i
             }
         }
     }
+
+    if (comm_ && comm_->failed()) throw std::runtime_error(comm_->error());
 
     // Logits: rows of a "selected" buffer as they are, or the logits_indices rows of a
     // "tokens" buffer.

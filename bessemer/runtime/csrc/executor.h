@@ -56,6 +56,10 @@ class Executor {
     int kv_block_size() const { return kv_block_size_; }
     int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
     std::vector<std::string> kernels() const;
+    // The tensor-parallel group this rank's collectives (all_reduce, all_gather) run over;
+    // refused unless its rank and size are the plan's.
+    void attach_communicator(std::shared_ptr<Collectives> comm);
+    bool needs_communicator() const { return needs_comm_; }
     // Optional per-op timing (off by default): op -> (calls, seconds) since enabled.
     void set_profiling(bool on);
     bool profiling() const { return profiling_; }
@@ -107,6 +111,9 @@ class Executor {
     };
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;
+
+    std::shared_ptr<Collectives> comm_;
+    bool needs_comm_ = false;
 
     std::mutex mu_;  // one step at a time
 };

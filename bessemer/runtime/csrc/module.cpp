@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "communicator.h"
 #include "engine_file.h"
 #include "executor.h"
 
@@ -54,7 +55,78 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("kernels", &Executor::kernels)
         .def_property("profiling", &Executor::profiling, &Executor::set_profiling,
                       "per-op timing on/off (turning it on clears the stats)")
-        .def("profile_stats", &Executor::profile_stats, "op -> (calls, seconds) since profiling was turned on");
+        .def("profile_stats", &Executor::profile_stats, "op -> (calls, seconds) since profiling was turned on")
+        .def("attach_communicator", &Executor::attach_communicator, py::arg("comm"))
+        .def_property_readonly("needs_communicator", &Executor::needs_communicator);
+
+    using bessemer::Collectives;
+    using bessemer::ShmCommunicator;
+    py::class_<Collectives, std::shared_ptr<Collectives>>(m, "Collectives")
+        .def_property_readonly("rank", &Collectives::rank)
+        .def_property_readonly("world", &Collectives::world)
+        .def_property_readonly("failed", &Collectives::failed)
+        .def_property_readonly("error", &Collectives::error)
+        .def("all_reduce", [](Collectives& c, py::array_t<float, py::array::c_style> x) {
+            if (x.ndim() != 2) throw std::invalid_argument("all_reduce: x must be 2-D float32");
+            bool ok;
+            {
+                py::gil_scoped_release release;
+                ok = c.all_reduce(x.mutable_data(), int(x.shape(0)), int(x.shape(1)), x.shape(1));
+            }
+            if (!ok) throw std::runtime_error(c.error());
+        }, py::arg("x"), "in place: x (rows, width) float32, C order")
+        .def("all_gather", [](Collectives& c, py::array_t<float, py::array::c_style> x, int full) {
+            if (x.ndim() != 2) throw std::invalid_argument("all_gather: x must be 2-D float32");
+            py::array_t<float> y({x.shape(0), py::ssize_t(full)});
+            bool ok;
+            {
+                py::gil_scoped_release release;
+                ok = c.all_gather(x.data(), x.shape(1), int(x.shape(0)), int(x.shape(1)), y.mutable_data(),
+                                  full, full);
+            }
+            if (!ok) throw std::runtime_error(c.error());
+            return y;
+        }, py::arg("x"), py::arg("full_width"));
+
+    py::class_<ShmCommunicator, Collectives, std::shared_ptr<ShmCommunicator>>(m, "ShmCommunicator")
+        .def(py::init<const std::string&, int, int, int64_t, double, bool>(), py::arg("name"), py::arg("rank"),
+             py::arg("world"), py::arg("slot_bytes"), py::arg("timeout_s"), py::arg("create"))
+        .def("bcast_send", [](ShmCommunicator& c, py::array_t<int32_t, py::array::c_style | py::array::forcecast> a) {
+            bool ok;
+            {
+                py::gil_scoped_release release;
+                ok = c.bcast_send(a.data(), a.size());
+            }
+            if (!ok) throw std::runtime_error(c.error());
+        }, py::arg("words"))
+        .def("bcast_recv", [](ShmCommunicator& c) {
+            std::vector<int32_t> v;
+            bool ok;
+            {
+                py::gil_scoped_release release;
+                ok = c.bcast_recv(&v);
+            }
+            if (!ok) throw std::runtime_error(c.error());
+            py::array_t<int32_t> a(py::ssize_t(v.size()));
+            std::copy(v.begin(), v.end(), a.mutable_data());
+            return a;
+        })
+        .def("barrier", [](ShmCommunicator& c, double timeout_s) {
+            bool ok;
+            {
+                py::gil_scoped_release release;
+                ok = c.barrier(timeout_s);
+            }
+            if (!ok) throw std::runtime_error(c.error());
+        }, py::arg("timeout_s"))
+        .def("abort", &ShmCommunicator::abort, py::arg("reason"))
+        .def("beat", &ShmCommunicator::beat)
+        .def("unlink", &ShmCommunicator::unlink)
+        .def_property_readonly("slot_bytes", &ShmCommunicator::slot_bytes)
+        .def_property_readonly("timeout_s", &ShmCommunicator::timeout_s);
+
+    py::class_<bessemer::PyCollectives, Collectives, std::shared_ptr<bessemer::PyCollectives>>(m, "PyCollectives")
+        .def(py::init<py::object, int, int>(), py::arg("impl"), py::arg("rank"), py::arg("world"));
 
     m.def("cpu_features", []() {
         const bessemer::CpuFeatures f = bessemer::detect_cpu_features();

@@ -1,0 +1,156 @@
+"""shard_tensor_parallel: rewrites the graph into what rank `build.tp_rank` of `build.tp_size`
+computes (Megatron-style tensor parallelism, applied to an unchanged model as a transform).
+
+- Column split (output rows) of q/k/v (fused or not) by heads: rank r holds query heads
+  [r*Hq/N, (r+1)*Hq/N) and their KV heads; of gate/up by intermediate rows. Each HF part of
+  a fused weight becomes a row slice of that part (WeightRef.slices), so the weight source
+  reads only the rank's bytes. rope/attention attrs become per-rank head counts and the
+  split after a fused linear gets the per-rank sizes.
+- KV heads: Hkv divisible by N splits them; N divisible by Hkv (fewer KV heads than ranks)
+  replicates them: rank r reads KV head floor(r*Hkv/N), the one its query heads use.
+- Row split (input columns, K) of o_proj and down_proj, followed by an `all_reduce`; a bias
+  of a row-split linear stays on rank 0 only (it must be added once).
+- lm_head: vocab-parallel rows (shard_range), then `all_gather` of the logits, so rank 0
+  samples from the full vocabulary as with one rank.
+- Embedding and norms: replicated (every rank gathers the full table: exact, no extra
+  communication; the table costs V*H per rank).
+- Quantized weights keep the whole matrix's quant params (group size chosen on the full K
+  by the quantize pass, which runs first); a K split must cut on group boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
+from bessemer.errors import InvalidOptionError
+from bessemer.plugins.ops import shard_range
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj")
+ROW = ("o_proj", "down_proj")
+HEAD_OPS = ("rope", "attention")
+
+
+def _valid_tp(hq: int, hkv: int, inter: int) -> list[int]:
+    return [n for n in range(1, hq + 1)
+            if hq % n == 0 and inter % n == 0 and (hkv % n == 0 or n % hkv == 0)]
+
+
+def _check_sizes(graph: Graph, n: int) -> dict:
+    attn = [x for x in graph.nodes if x.op == "attention"]
+    mlp = [x for x in graph.nodes if x.op == "linear" and x.name.endswith(".down_proj")]
+    hq, hkv = int(attn[0].attrs["num_heads"]), int(attn[0].attrs["num_kv_heads"])
+    inter = mlp[0].weights[0].shape[1] if mlp else n
+    ok = _valid_tp(hq, hkv, inter)
+    if n not in ok:
+        why = (f"num_attention_heads {hq}" if hq % n else f"intermediate_size {inter}" if inter % n
+               else f"num_key_value_heads {hkv} (neither divides the other)")
+        raise InvalidOptionError(f"--tp {n} does not divide {why}; use --tp {' or '.join(map(str, ok))}")
+    return dict(hq=hq, hkv=hkv, head_dim=int(attn[0].attrs["head_dim"]))
+
+
+def _rows(name: str, full_rows: int, heads: dict, n: int, r: int) -> tuple[int, int]:
+    """Row range rank r holds of a column-split HF part (weight or bias)."""
+    d = heads["head_dim"]
+    module = name.rsplit(".", 2)[-2]
+    if module == "q_proj":
+        per = heads["hq"] // n * d
+        return r * per, (r + 1) * per
+    if module in ("k_proj", "v_proj"):
+        if heads["hkv"] % n == 0:
+            per = heads["hkv"] // n * d
+            return r * per, (r + 1) * per
+        kv = r * heads["hkv"] // n  # replicated: the KV head of this rank's query heads
+        return kv * d, (kv + 1) * d
+    per = full_rows // n  # gate_proj, up_proj
+    return r * per, (r + 1) * per
+
+
+def _slice_rows(ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
+    slices = []
+    for p in ref.parts:
+        full = shapes[p]
+        r0, r1 = _rows(p, full[0], heads, n, r)
+        slices.append((r0, r1, 0, full[1] if len(full) > 1 else 0))
+    rows = sum(s[1] - s[0] for s in slices)
+    return replace(ref, shape=(rows,) + tuple(ref.shape[1:]), slices=tuple(slices))
+
+
+def _slice_cols(node: Node, ref: WeightRef, shapes: dict, n: int, r: int) -> WeightRef:
+    (part,) = ref.parts
+    rows, k = shapes[part]
+    if k % n:
+        raise InvalidOptionError(f"{node.name}: {k} input features do not split over --tp {n}; use a --tp that divides {k}")
+    per = k // n
+    q = dict(ref.quant)
+    if q.get("group_size") and per % q["group_size"]:
+        fits = [g for g in (16, 32, 48, 64, 96, 128) if per % g == 0 and k % g == 0]
+        raise InvalidOptionError(
+            f"{node.name}: --tp {n} cuts its {k} input features into {per} per rank, not a multiple of "
+            f"the 4-bit group size {q['group_size']}; use --group-size {' or '.join(map(str, fits)) or 16}")
+    return replace(ref, shape=(rows, per), slices=((0, rows, r * per, (r + 1) * per),))
+
+
+def _rename(node: Node, old: str, new: str) -> Node:
+    if old not in node.inputs:
+        return node
+    return replace(node, inputs=tuple(new if i == old else i for i in node.inputs))
+
+
+def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
+    n, r = build.tp_size, build.tp_rank
+    if n == 1:
+        return graph
+    heads = _check_sizes(graph, n)
+    shapes = graph.weight_shapes
+    comm = dict(tp_size=n, tp_rank=r)
+    new_widths: dict[str, list[int]] = {}  # fused linear output -> per-part rows (for its split)
+    renames: dict[str, str] = {}  # value -> the collective's output that replaces it
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        for old, new in renames.items():
+            node = _rename(node, old, new)
+        suffix = node.name.rsplit(".", 1)[-1]
+        if node.op == "linear" and suffix in COLUMN:
+            ws = tuple(_slice_rows(w, shapes, heads, n, r) if w is not None else None for w in node.weights)
+            new_widths[node.outputs[0]] = [s[1] - s[0] for s in ws[0].slices]
+            nodes.append(replace(node, weights=ws))
+        elif node.op == "linear" and suffix in ROW:
+            w = _slice_cols(node, node.weights[0], shapes, n, r)
+            bias = node.weights[1:] if r == 0 else ()  # the bias is added once, on rank 0
+            out, reduced = node.outputs[0], f"{node.outputs[0]}.all_reduce"
+            nodes.append(replace(node, weights=(w,) + tuple(bias)))
+            nodes.append(Node(f"{node.name}.all_reduce", "all_reduce", (out,), (reduced,), (), dict(comm)))
+            renames[out] = reduced
+        elif node.op == "linear" and node.name == "lm_head":
+            vocab = node.weights[0].shape[0]
+            start, stop = shard_range(vocab, n, r)
+            if stop <= start:
+                raise InvalidOptionError(f"--tp {n} leaves rank {r} no vocabulary rows (vocab {vocab}); use a smaller --tp")
+            ws = []
+            for w in node.weights:
+                if w is None:
+                    ws.append(None)
+                    continue
+                full = shapes[w.parts[0]]
+                # its own name: a tied table is also read whole by the (replicated) embedding
+                ws.append(WeightRef(f"lm_head.{w.name.rsplit('.', 1)[-1]}.tp_shard", w.parts,
+                                    (stop - start,) + tuple(full[1:]), w.quant,
+                                    ((start, stop, 0, full[1] if len(full) > 1 else 0),)))
+            out, gathered = node.outputs[0], f"{node.outputs[0]}.all_gather"
+            nodes.append(replace(node, weights=tuple(ws)))
+            nodes.append(Node("lm_head.all_gather", "all_gather", (out,), (gathered,), (),
+                              dict(comm, full_width=vocab)))
+            renames[out] = gathered
+        elif node.op == "linear":
+            raise GraphError(f"{node.name}: no tensor-parallel rule for this linear")
+        elif node.op == "split" and node.inputs[0] in new_widths:
+            nodes.append(replace(node, attrs=dict(node.attrs, sizes=new_widths[node.inputs[0]])))
+        elif node.op in HEAD_OPS:
+            hkv = max(1, heads["hkv"] // n)
+            nodes.append(replace(node, attrs=dict(node.attrs, num_heads=heads["hq"] // n, num_kv_heads=hkv)))
+        else:
+            nodes.append(node)
+    output = renames.get(graph.output, graph.output)
+    return replace(graph, nodes=tuple(nodes), output=output, values={})

@@ -1,0 +1,206 @@
+"""Tensor-parallel launcher: runs a `--tp N` engine as N processes, one rank file each.
+
+Rank 0 is the process that made the LLM: it owns scheduling and sampling. Each step it
+broadcasts the step's inputs (runtime/tp_group.py) and runs its own rank; every rank's
+executor all-reduces activations and all-gathers logits inside the C++ core.
+
+- On one machine (the default), rank 0 creates a shared-memory communicator and starts
+  N-1 worker processes (`python -m bessemer.runtime.tp_worker`). Workers die with their
+  parent (PR_SET_PDEATHSIG); a watchdog thread in rank 0 beats a heartbeat the workers
+  watch and aborts the group as soon as a worker exits, so a blocked collective returns
+  at once; a rank that hangs is given up after `timeout_s`. The shared-memory name is
+  unlinked once every rank has attached, so nothing is left in /dev/shm.
+- Under `mpirun -n N`, every process makes the LLM; MPI gives the ranks. Rank 0 returns
+  the executor as above; other ranks serve steps inside LLM() and exit when rank 0 stops.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from bessemer.errors import TensorParallelError
+from bessemer.runtime.tp_group import MpiGroup, decode_step, encode_step, launched_by_mpi, max_step_words, STOP
+
+STARTUP_TIMEOUT_S = 300.0
+WATCH_INTERVAL_S = 0.05
+
+
+def slot_bytes(engine, max_blocks: int) -> int:
+    """Bytes of each rank's communicator slot: a step message, or the widest collective
+    of one full step (larger collectives are cut in chunks of this size)."""
+    build, plan = engine.build, engine.header["plan"]
+    t = int(build["max_num_tokens"])
+    widths = [s["ins"][0][2] for s in plan["steps"] if s["op"] in ("all_reduce", "all_gather")]
+    words = max_step_words(t, int(build["max_batch_size"]), max_blocks)
+    return int(max(4 * words + 64, min(t * max(widths) * 4, 16 << 20), 1 << 20))
+
+
+def run_worker(executor, recv) -> None:
+    """A non-zero rank's loop: run every step rank 0 broadcasts until it says stop."""
+    while True:
+        words = recv()
+        if int(words[0]) == STOP:
+            return
+        executor.step(*decode_step(words))
+
+
+class TensorParallelExecutor:
+    """Rank 0's executor: the local one plus the broadcast; same step() as _C.Executor."""
+
+    def __init__(self, executor, send, workers: "_Workers | None" = None):
+        self.local, self._send, self.workers = executor, send, workers
+        self._error: str | None = None
+
+    def step(self, token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices) -> np.ndarray:
+        if self._error:
+            raise TensorParallelError(self._error)
+        try:
+            self._send(encode_step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices))
+            return self.local.step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices)
+        except RuntimeError as e:
+            self._error = f"tensor-parallel step failed: {e}; the engine is stopped, create a new LLM"
+            self.close()
+            raise TensorParallelError(self._error) from None
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+
+    def __getattr__(self, name):  # isa, num_threads, kernels, profile_stats, ...
+        return getattr(self.local, name)
+
+
+class _Workers:
+    """The worker processes of a shared-memory group, their watchdog and their cleanup."""
+
+    def __init__(self, comm, procs: list, logs: list):
+        self.comm, self.procs, self.logs = comm, procs, logs
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=_watch, args=(comm, procs, logs, self.done),
+                                       name="bessemer-tp-watchdog", daemon=True)
+        self.thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, comm, procs, logs, self.done)
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def _last_line(log) -> str:
+    try:
+        log.flush()
+        log.seek(0)
+        lines = [ln.strip() for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+    except (OSError, ValueError):
+        return ""
+
+
+def _watch(comm, procs, logs, done: threading.Event) -> None:
+    while not done.wait(WATCH_INTERVAL_S):
+        comm.beat()
+        for rank, (p, log) in enumerate(zip(procs, logs), start=1):
+            code = p.poll()
+            if code is not None and not done.is_set():
+                why = _last_line(log)
+                comm.abort(f"tensor-parallel rank {rank} exited with code {code}" + (f" ({why})" if why else ""))
+                return
+
+
+def _shutdown(comm, procs, logs, done: threading.Event) -> None:
+    done.set()
+    if not comm.failed and all(p.poll() is None for p in procs):
+        try:
+            comm.bcast_send(np.array([STOP, 0, 0, 0, 0], dtype=np.int32))
+        except RuntimeError:
+            pass
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for log in logs:
+        log.close()
+    comm.unlink()
+
+
+def _spawn(engine, rank: int, world: int, shm: str, slot: int, timeout_s: float, threads: int,
+           kv_blocks: int, isa: str, verify_checksum: bool, log) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "bessemer.runtime.tp_worker", str(engine.dir), "--rank", str(rank),
+           "--world", str(world), "--shm", shm, "--slot-bytes", str(slot), "--timeout", str(timeout_s),
+           "--threads", str(threads), "--kv-blocks", str(kv_blocks), "--isa", isa, "--parent", str(os.getpid())]
+    if not verify_checksum:
+        cmd.append("--no-verify")
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
+
+
+def start(engine, num_threads: int, num_kv_blocks: int, isa: str, timeout_s: float,
+          verify_checksum: bool, max_blocks: int) -> TensorParallelExecutor:
+    """Starts every rank of `engine` (rank 0's Engine) and returns rank 0's executor."""
+    from bessemer import _C
+    from bessemer.runtime.engine import Engine
+
+    world = int(engine.config["mapping"]["tp_size"])
+    if launched_by_mpi():
+        return _start_mpi(engine, world, num_threads, num_kv_blocks, isa, verify_checksum)
+    name = f"/bessemer-tp-{os.getpid()}-{secrets.token_hex(4)}"
+    slot = slot_bytes(engine, max_blocks)
+    comm = _C.ShmCommunicator(name, 0, world, slot, timeout_s, True)
+    procs, logs = [], []
+    try:
+        for rank in range(1, world):
+            logs.append(tempfile.TemporaryFile(prefix=f"bessemer-tp-rank{rank}-"))
+            procs.append(_spawn(engine, rank, world, name, slot, timeout_s, num_threads, num_kv_blocks, isa,
+                                verify_checksum, logs[-1]))
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        comm.unlink()
+        raise
+    workers = _Workers(comm, procs, logs)
+    try:
+        executor = engine.create_executor(num_threads, num_kv_blocks, isa)
+        executor.attach_communicator(comm)
+        comm.barrier(STARTUP_TIMEOUT_S)  # every rank loaded and attached (or one failed)
+    except RuntimeError as e:
+        workers.stop()
+        raise TensorParallelError(f"tensor-parallel start failed: {e}") from None
+    except BaseException:
+        workers.stop()
+        raise
+    comm.unlink()
+    return TensorParallelExecutor(executor, comm.bcast_send, workers)
+
+
+def _start_mpi(engine, world: int, num_threads: int, num_kv_blocks: int, isa: str,
+               verify_checksum: bool) -> TensorParallelExecutor:
+    from bessemer.runtime.engine import Engine
+
+    group = MpiGroup()
+    if group.world != world:
+        raise TensorParallelError(f"the engine has {world} ranks but mpirun started {group.world} processes; "
+                                  f"run mpirun -n {world}")
+    if group.rank != 0:
+        engine = Engine.load(engine.dir, rank=group.rank, verify_checksum=verify_checksum)
+    executor = engine.create_executor(num_threads, num_kv_blocks, isa)
+    executor.attach_communicator(group.collectives())
+    if group.rank != 0:
+        run_worker(executor, group.recv)
+        raise SystemExit(0)  # this process was only a rank; rank 0 owns the results
+    tp = TensorParallelExecutor(executor, group.send)
+    weakref.finalize(tp, group.stop)
+    return tp

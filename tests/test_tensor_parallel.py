@@ -1,0 +1,332 @@
+"""Tensor parallelism: the shard pass (structure, interpreter), the shared-memory collectives
+against their references, and TP=2 engines (N real processes) against the same engine
+built with TP=1: identical greedy tokens, logits within TP_LOGITS_* (fp32, bf16, w8a16,
+w4a16), under `mpirun -n 2` too; a killed or hung rank ends the run with a clear error and
+no process is left behind."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from bessemer.builder.checkpoint import Checkpoint
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import verify
+from bessemer.builder.interpret import interpret, interpret_ranks
+from bessemer.builder.pipeline import run_passes
+from bessemer.errors import InvalidOptionError, TensorParallelError
+from bessemer.models.registry import family_for
+from bessemer.plugins import ops
+from bessemer.quantization.config import QuantConfig
+from bessemer.runtime.llm import LLM, SamplingParams
+from conftest import make_tiny_checkpoint
+from tolerances import INTERPRETER_ATOL, TP_LOGITS_ATOL, TP_LOGITS_RTOL
+
+REPO = Path(__file__).resolve().parents[1]
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def _workers() -> list[psutil.Process]:
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "bessemer.runtime.tp_worker" in " ".join(p.cmdline()):
+                procs.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+@pytest.fixture(autouse=True)
+def no_stray_workers():
+    """Every test leaves no worker rank behind, even when it fails (they are killed here)."""
+    yield
+    gc.collect()  # LLMs dropped by the test stop their workers in their finalizers
+    deadline = time.monotonic() + 5
+    while _workers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stray = _workers()
+    for p in stray:
+        p.kill()
+    assert not stray, f"worker ranks left running: {[p.pid for p in stray]}"
+
+
+def _close(actual, expected, what):
+    err = np.abs(actual - expected).max()
+    bound = TP_LOGITS_ATOL + TP_LOGITS_RTOL * np.abs(expected).max()
+    assert err <= bound, f"{what}: max |tp2 - tp1| = {err:.3g} > {bound:.3g}"
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, vocab, n).tolist() for n in (9, 21, 5)]
+
+
+def _compare(tp1: Path, tp2: Path, vocab: int, what: str) -> None:
+    prompts = _prompts(vocab)
+    one = LLM(tp1, num_threads=1)
+    two = LLM(tp2)
+    try:
+        assert two.num_threads == max(1, len(os.sched_getaffinity(0)) // 2)
+        # prefill (chunked by max_num_tokens) then one decode step per token
+        for a, b in zip(one.score(prompts, num_prefill=4), two.score(prompts, num_prefill=4)):
+            _close(b, a, what)
+        assert [o.token_ids for o in two.generate(prompts, GREEDY)] == \
+               [o.token_ids for o in one.generate(prompts, GREEDY)], what
+    finally:
+        two.close()
+
+
+# ---------------------------------------------------------------- the pass
+
+def _graphs(ckpt_dir, n, **build):
+    ckpt = Checkpoint(ckpt_dir)
+    family = family_for(ckpt.config)
+    graph = family.build_graph(family.config_from_hf(ckpt.config), ckpt.shapes())
+    base = run_passes(graph, BuildConfig(**build))[0]
+    ranks = [run_passes(graph, BuildConfig(tp_size=n, tp_rank=r, **build))[0] for r in range(n)]
+    return base, ranks, ckpt
+
+
+def test_shard_pass_structure(tiny_checkpoint):
+    base, (r0, r1), _ = _graphs(tiny_checkpoint("llama-untied"), 2)
+    by = {n.name: n for n in r1.nodes}
+    qkv = by["model.layers.0.self_attn.qkv_proj"].weights[0]
+    # 4 query heads, 2 KV heads of 16: rank 1 holds query heads 2-3 and KV head 1
+    assert qkv.slices == ((32, 64, 0, 64), (16, 32, 0, 64), (16, 32, 0, 64)) and qkv.shape == (64, 64)
+    assert by["model.layers.0.self_attn.qkv_proj.split"].attrs["sizes"] == [32, 16, 16]
+    assert by["model.layers.0.self_attn.attn"].attrs["num_heads"] == 2
+    assert by["model.layers.0.self_attn.attn"].attrs["num_kv_heads"] == 1
+    o = by["model.layers.0.self_attn.o_proj"].weights[0]
+    assert o.slices == ((0, 64, 32, 64),) and o.shape == (64, 32)  # K split
+    gate_up = by["model.layers.0.mlp.gate_up_proj"].weights[0]
+    assert gate_up.slices == ((44, 88, 0, 64), (44, 88, 0, 64))
+    ops_after = [n.op for n in r1.nodes]
+    assert ops_after.count("all_reduce") == 2 * 2 and ops_after[-1] == "all_gather"
+    assert [n.op for n in base.nodes] == [op for op in ops_after if op not in ("all_reduce", "all_gather")]
+    assert r1.values[r1.output].width == base.values[base.output].width == 250
+    assert by["lm_head"].weights[0].slices == ((125, 250, 0, 64),)
+
+
+@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_sharded_graphs_compute_the_unsharded_logits(kind, fuse, tiny_checkpoint):
+    # llama-tied has 1 KV head: both ranks read (replicate) it
+    base, ranks, ckpt = _graphs(tiny_checkpoint(kind), 2, fuse=fuse)
+    ids = list(range(3, 60, 4))
+    ref = interpret(base, ckpt.get, ids)
+    assert np.abs(interpret_ranks(ranks, ckpt.get, ids) - ref).max() <= INTERPRETER_ATOL
+
+
+def test_bad_tp_is_one_clear_error(tiny_checkpoint):
+    with pytest.raises(InvalidOptionError, match=r"--tp 3 does not divide num_attention_heads 4; use --tp 1 or 2 or 4"):
+        _graphs(tiny_checkpoint("llama-untied"), 3)
+    # 4-bit groups of 64 over K=64 cannot be cut in two
+    with pytest.raises(InvalidOptionError, match=r"o_proj: --tp 2 cuts its 64 input features into 32 .*--group-size 16 or 32"):
+        _graphs(tiny_checkpoint("llama-untied"), 2, quant=QuantConfig("w4a16", group_size=64))
+
+
+def test_cli_bad_tp_leaves_nothing(tiny_checkpoint, tmp_path):
+    out = tmp_path / "engine"
+    r = subprocess.run(["build-engine", str(tiny_checkpoint("llama-untied")), "--output", str(out), "--tp", "3",
+                        "-q"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "error: --tp 3 does not divide num_attention_heads 4; use --tp 1 or 2 or 4"]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- collectives vs references
+
+def _collective_child(name, rank, world, seed):
+    from bessemer import _C
+
+    comm = _C.ShmCommunicator(name, rank, world, 4096, 10.0, False)
+    comm.barrier(10.0)
+    x = np.random.default_rng(seed).standard_normal((37, 576)).astype(np.float32)
+    comm.all_reduce(x)  # 37 x 576 floats over 4 KiB slots: many chunks
+    shard = np.full((5, ops.shard_range(11, world, rank)[1] - ops.shard_range(11, world, rank)[0]), rank + 1.5,
+                    dtype=np.float32)
+    y = comm.all_gather(shard, 11)
+    np.save(f"/dev/shm/{name.strip('/')}-{rank}.npy", np.concatenate([x.ravel(), y.ravel()]))
+
+
+def test_shm_collectives_match_references():
+    import multiprocessing
+
+    from bessemer import _C
+
+    world, name = 3, f"/bessemer-test-{os.getpid()}"
+    comm = _C.ShmCommunicator(name, 0, world, 4096, 10.0, True)
+    ctx = multiprocessing.get_context("fork")
+    children = [ctx.Process(target=_collective_child, args=(name, r, world, r)) for r in (1, 2)]
+    try:
+        for c in children:
+            c.start()
+        comm.barrier(10.0)
+        comm.unlink()
+        xs = [np.random.default_rng(r).standard_normal((37, 576)).astype(np.float32) for r in range(world)]
+        x = xs[0].copy()
+        comm.all_reduce(x)
+        assert np.array_equal(x, ops.ref_all_reduce(xs))  # bit-exact: rank-order fp32 sum
+        shards = [np.full((5, b - a), r + 1.5, dtype=np.float32)
+                  for r, (a, b) in enumerate(ops.shard_range(11, world, r) for r in range(world))]
+        y = comm.all_gather(shards[0], 11)
+        assert np.array_equal(y, ops.ref_all_gather(shards))
+        for c in children:
+            c.join(10)
+            assert c.exitcode == 0
+        for r in (1, 2):
+            got = np.load(f"/dev/shm/{name.strip('/')}-{r}.npy")
+            assert np.array_equal(got, np.concatenate([x.ravel(), y.ravel()]))  # identical on every rank
+    finally:
+        for c in children:
+            c.kill()
+            c.join()
+        for r in (1, 2):
+            Path(f"/dev/shm/{name.strip('/')}-{r}.npy").unlink(missing_ok=True)
+        comm.unlink()
+
+
+# ---------------------------------------------------------------- engines: TP=2 vs TP=1
+
+@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", "mistral"])
+def test_tp2_equals_tp1_tiny(kind, tiny_engine):
+    opts = dict(kv_block_size=4, max_num_tokens=24)
+    _compare(tiny_engine(kind, **opts), tiny_engine(kind, tp_size=2, **opts), 250, kind)
+
+
+@pytest.fixture(scope="module")
+def tiny_quant_checkpoint(tmp_path_factory):
+    # intermediate 128: down_proj's K halves to 64, a whole number of 4-bit groups of 32
+    return make_tiny_checkpoint("llama-untied", tmp_path_factory.mktemp("hf-tp-quant"), intermediate_size=128)
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "w8a16", "w4a16"])
+def test_tp2_equals_tp1_tiny_quantized(mode, tiny_quant_checkpoint, tmp_path):
+    from bessemer.builder.build import build_engine
+
+    quant = None if mode == "bfloat16" else QuantConfig(mode, group_size=32)
+    dtype = "bfloat16" if mode == "bfloat16" else "float32"
+    e1 = build_engine(tiny_quant_checkpoint, tmp_path / "tp1", BuildConfig(dtype=dtype, quant=quant))
+    e2 = build_engine(tiny_quant_checkpoint, tmp_path / "tp2", BuildConfig(dtype=dtype, quant=quant, tp_size=2))
+    _compare(e1, e2, 250, mode)
+
+
+@pytest.mark.parametrize("mode", ["float32", "w8a16", "w4a16"])
+def test_tp2_equals_tp1_smollm2(mode, smollm2_dir, tmp_path):
+    from bessemer.builder.build import build_engine
+
+    quant = None if mode == "float32" else QuantConfig(mode, group_size=32)
+    opts = dict(max_seq_len=256, quant=quant)
+    e1 = build_engine(smollm2_dir, tmp_path / "tp1", BuildConfig(**opts))
+    e2 = build_engine(smollm2_dir, tmp_path / "tp2", BuildConfig(tp_size=2, **opts), workers=2)
+    one, two = LLM(e1, num_threads=1), LLM(e2)
+    try:
+        prompts = [one.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
+        for a, b in zip(one.score(prompts, num_prefill=3), two.score(prompts, num_prefill=3)):
+            _close(b, a, f"smollm2 {mode}")
+        params = SamplingParams(max_tokens=24, temperature=0)
+        assert [o.token_ids for o in two.generate(prompts, params)] == \
+               [o.token_ids for o in one.generate(prompts, params)]
+    finally:
+        two.close()
+
+
+def test_config_and_rank_files(tiny_engine):
+    import json
+
+    d = tiny_engine("llama-untied", tp_size=2)
+    config = json.loads((d / "config.json").read_text())
+    assert config["mapping"] == {"tp_size": 2, "pp_size": 1, "world_size": 2}
+    assert [r["file"] for r in config["ranks"]] == ["rank0.engine", "rank1.engine"]
+    assert "all_reduce@1" in config["plugins"] and "all_gather@1" in config["plugins"]
+    assert "tp_rank" not in config["build"]
+
+
+# ---------------------------------------------------------------- run-engine, mpirun
+
+def _run_engine_ids(cmd: list[str]) -> list[list[int]]:
+    import json
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line)["token_ids"] for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def test_run_engine_on_tp_engine(tiny_engine):
+    args = ["--prompt", "hello", "--prompt", "abc", "--max-new-tokens", "8", "--ignore-eos", "--json", "-q"]
+    one = _run_engine_ids(["run-engine", str(tiny_engine("llama-untied")), *args])
+    assert _run_engine_ids(["run-engine", str(tiny_engine("llama-untied", tp_size=2)), *args]) == one
+
+
+def test_mpirun_two_ranks(tiny_engine):
+    pytest.importorskip("mpi4py")
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed (pip install 'bessemer[mpi]')")
+    args = ["--prompt", "hello", "--prompt", "abc", "--max-new-tokens", "8", "--ignore-eos", "--json", "-q"]
+    one = _run_engine_ids(["run-engine", str(tiny_engine("llama-untied")), *args])
+    two = _run_engine_ids(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH",
+                           "run-engine", str(tiny_engine("llama-untied", tp_size=2)), *args])
+    assert two == one  # only rank 0 prints
+
+
+# ---------------------------------------------------------------- failures
+
+def test_killed_rank_ends_the_run_cleanly(tiny_engine):
+    llm = LLM(tiny_engine("llama-untied", tp_size=2), tp_timeout_s=20)
+    worker = llm.executor.workers.procs[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 1 exited with code -9"):
+        for _ in range(100):  # the watchdog aborts the group within one interval
+            llm.generate([[1, 2, 3]], GREEDY)
+    assert time.monotonic() - t < 5
+    with pytest.raises(TensorParallelError, match="engine is stopped"):
+        llm.generate([[1, 2, 3]], GREEDY)
+    assert worker.poll() is not None
+
+
+def test_hung_rank_times_out(tiny_engine):
+    llm = LLM(tiny_engine("llama-untied", tp_size=2), tp_timeout_s=2)
+    worker = llm.executor.workers.procs[0]
+    llm.generate([[1, 2, 3]], GREEDY)
+    os.kill(worker.pid, signal.SIGSTOP)
+    t = time.monotonic()
+    try:
+        with pytest.raises(TensorParallelError, match=r"rank 1 did not reach the collective within 2 s"):
+            llm.generate([[1, 2, 3]], GREEDY)
+        assert time.monotonic() - t < 10
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    llm.close()  # kills what did not stop
+    assert worker.poll() is not None
+
+
+def test_workers_die_with_rank0(tiny_engine):
+    code = ("import sys; from bessemer.runtime.llm import LLM; llm = LLM(sys.argv[1]); "
+            "print(llm.executor.workers.procs[0].pid, flush=True); import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_engine("llama-untied", tp_size=2))],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        worker = int(proc.stdout.readline())
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    finally:
+        proc.kill()
+        proc.wait()
