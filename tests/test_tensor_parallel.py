@@ -129,10 +129,10 @@ def test_sharded_graphs_compute_the_unsharded_logits(kind, fuse, tiny_checkpoint
 
 
 def test_bad_tp_is_one_clear_error(tiny_checkpoint):
-    with pytest.raises(InvalidOptionError, match=r"--tp 3 does not divide num_attention_heads 4; use --tp 1 or 2 or 4"):
+    with pytest.raises(InvalidOptionError, match=r"--tp 3 cannot split num_attention_heads 4 / num_key_value_heads 2 across ranks; use --tp 1 or 2 or 4"):
         _graphs(tiny_checkpoint("llama-untied"), 3)
     # 4-bit groups of 64 over K=64 cannot be cut in two
-    with pytest.raises(InvalidOptionError, match=r"o_proj: --tp 2 cuts its 64 input features into 32 .*--group-size 16 or 32"):
+    with pytest.raises(InvalidOptionError, match=r"o_proj: --tp 2 cuts its 64 input features at column 32, inside a 4-bit group of 64; use --group-size 16 or 32"):
         _graphs(tiny_checkpoint("llama-untied"), 2, quant=QuantConfig("w4a16", group_size=64))
 
 
@@ -141,7 +141,7 @@ def test_cli_bad_tp_leaves_nothing(tiny_checkpoint, tmp_path):
     r = subprocess.run(["build-engine", str(tiny_checkpoint("llama-untied")), "--output", str(out), "--tp", "3",
                         "-q"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        "error: --tp 3 does not divide num_attention_heads 4; use --tp 1 or 2 or 4"]
+        "error: --tp 3 cannot split num_attention_heads 4 / num_key_value_heads 2 across ranks; use --tp 1 or 2 or 4"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -222,20 +222,34 @@ def test_tp2_equals_tp1_tiny_quantized(mode, tiny_quant_checkpoint, tmp_path):
     _compare(e1, e2, 250, mode)
 
 
-@pytest.mark.parametrize("mode", ["float32", "w8a16", "w4a16"])
-def test_tp2_equals_tp1_smollm2(mode, smollm2_dir, tmp_path):
+@pytest.fixture(scope="module")
+def smollm2_tp(smollm2_dir, tmp_path_factory):
+    """(TP=1, TP=2) SmolLM2 engines per mode, built once for the module."""
     from bessemer.builder.build import build_engine
 
-    quant = None if mode == "float32" else QuantConfig(mode, group_size=32)
-    opts = dict(max_seq_len=256, quant=quant)
-    e1 = build_engine(smollm2_dir, tmp_path / "tp1", BuildConfig(**opts))
-    e2 = build_engine(smollm2_dir, tmp_path / "tp2", BuildConfig(tp_size=2, **opts), workers=2)
+    built = {}
+
+    def get(mode: str):
+        if mode not in built:
+            quant = None if mode == "float32" else QuantConfig(mode, group_size=32)
+            opts = dict(max_seq_len=256, quant=quant)
+            d = tmp_path_factory.mktemp(f"smollm2-tp-{mode}")
+            built[mode] = (build_engine(smollm2_dir, d / "tp1", BuildConfig(**opts)),
+                           build_engine(smollm2_dir, d / "tp2", BuildConfig(tp_size=2, **opts), workers=2))
+        return built[mode]
+
+    return get
+
+
+@pytest.mark.parametrize("mode", ["float32", "w8a16", "w4a16"])
+def test_tp2_equals_tp1_smollm2(mode, smollm2_tp):
+    e1, e2 = smollm2_tp(mode)
     one, two = LLM(e1, num_threads=1), LLM(e2)
     try:
         prompts = [one.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
         for a, b in zip(one.score(prompts, num_prefill=3), two.score(prompts, num_prefill=3)):
             _close(b, a, f"smollm2 {mode}")
-        params = SamplingParams(max_tokens=24, temperature=0)
+        params = SamplingParams(max_tokens=16, temperature=0)
         assert [o.token_ids for o in two.generate(prompts, params)] == \
                [o.token_ids for o in one.generate(prompts, params)]
     finally:
@@ -264,21 +278,25 @@ def _run_engine_ids(cmd: list[str]) -> list[list[int]]:
     return [json.loads(line)["token_ids"] for line in r.stdout.splitlines() if line.startswith("{")]
 
 
-def test_run_engine_on_tp_engine(tiny_engine):
-    args = ["--prompt", "hello", "--prompt", "abc", "--max-new-tokens", "8", "--ignore-eos", "--json", "-q"]
-    one = _run_engine_ids(["run-engine", str(tiny_engine("llama-untied")), *args])
-    assert _run_engine_ids(["run-engine", str(tiny_engine("llama-untied", tp_size=2)), *args]) == one
+RUN_ARGS = ["--prompt", "The capital of France is", "--prompt", "Steel is made", "--max-new-tokens", "8",
+            "--ignore-eos", "--json", "-q"]
 
 
-def test_mpirun_two_ranks(tiny_engine):
+def test_run_engine_on_tp_engine(smollm2_tp):
+    e1, e2 = smollm2_tp("float32")
+    one = _run_engine_ids(["run-engine", str(e1), *RUN_ARGS])
+    assert len(one) == 2 and _run_engine_ids(["run-engine", str(e2), *RUN_ARGS]) == one
+
+
+def test_mpirun_two_ranks(smollm2_tp):
     pytest.importorskip("mpi4py")
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed (pip install 'bessemer[mpi]')")
-    args = ["--prompt", "hello", "--prompt", "abc", "--max-new-tokens", "8", "--ignore-eos", "--json", "-q"]
-    one = _run_engine_ids(["run-engine", str(tiny_engine("llama-untied")), *args])
+    e1, e2 = smollm2_tp("float32")
+    one = _run_engine_ids(["run-engine", str(e1), *RUN_ARGS])
     two = _run_engine_ids(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH",
-                           "run-engine", str(tiny_engine("llama-untied", tp_size=2)), *args])
-    assert two == one  # only rank 0 prints
+                           "run-engine", str(e2), *RUN_ARGS])
+    assert len(two) == 2 and two == one  # only rank 0 prints
 
 
 # ---------------------------------------------------------------- failures

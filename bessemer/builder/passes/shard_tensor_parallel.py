@@ -1,13 +1,14 @@
 """shard_tensor_parallel: rewrites the graph into what rank `build.tp_rank` of `build.tp_size`
 computes (Megatron-style tensor parallelism, applied to an unchanged model as a transform).
 
-- Column split (output rows) of q/k/v (fused or not) by heads: rank r holds query heads
-  [r*Hq/N, (r+1)*Hq/N) and their KV heads; of gate/up by intermediate rows. Each HF part of
+- Column split (output rows) of q/k/v (fused or not) by heads (rank_heads): whole KV
+  groups per rank, evenly when N divides Hkv, else by shard_range (SmolLM2: 3 KV heads
+  over 2 ranks = 2 + 1, query heads 6 + 3); of gate/up by intermediate rows (evenly). Each HF part of
   a fused weight becomes a row slice of that part (WeightRef.slices), so the weight source
   reads only the rank's bytes. rope/attention attrs become per-rank head counts and the
   split after a fused linear gets the per-rank sizes.
-- KV heads: Hkv divisible by N splits them; N divisible by Hkv (fewer KV heads than ranks)
-  replicates them: rank r reads KV head floor(r*Hkv/N), the one its query heads use.
+- KV heads fewer than ranks (N a multiple of Hkv) are replicated: rank r reads the one KV
+  head its Hq/N query heads use.
 - Row split (input columns, K) of o_proj and down_proj, followed by an `all_reduce`; a bias
   of a row-split linear stays on rank 0 only (it must be added once).
 - lm_head: vocab-parallel rows (shard_range), then `all_gather` of the logits, so rank 0
@@ -32,9 +33,14 @@ ROW = ("o_proj", "down_proj")
 HEAD_OPS = ("rope", "attention")
 
 
+def _heads_ok(hq: int, hkv: int, n: int) -> bool:
+    # KV heads split (evenly or by shard_range when there are more than ranks), or each KV
+    # head replicated over n / hkv ranks that share its query heads evenly
+    return hkv % n == 0 or hkv > n or (n % hkv == 0 and hq % n == 0)
+
+
 def _valid_tp(hq: int, hkv: int, inter: int) -> list[int]:
-    return [n for n in range(1, hq + 1)
-            if hq % n == 0 and inter % n == 0 and (hkv % n == 0 or n % hkv == 0)]
+    return [n for n in range(1, hq + 1) if inter % n == 0 and _heads_ok(hq, hkv, n)]
 
 
 def _check_sizes(graph: Graph, n: int) -> dict:
@@ -42,27 +48,36 @@ def _check_sizes(graph: Graph, n: int) -> dict:
     mlp = [x for x in graph.nodes if x.op == "linear" and x.name.endswith(".down_proj")]
     hq, hkv = int(attn[0].attrs["num_heads"]), int(attn[0].attrs["num_kv_heads"])
     inter = mlp[0].weights[0].shape[1] if mlp else n
-    ok = _valid_tp(hq, hkv, inter)
-    if n not in ok:
-        why = (f"num_attention_heads {hq}" if hq % n else f"intermediate_size {inter}" if inter % n
-               else f"num_key_value_heads {hkv} (neither divides the other)")
-        raise InvalidOptionError(f"--tp {n} does not divide {why}; use --tp {' or '.join(map(str, ok))}")
+    if inter % n or not _heads_ok(hq, hkv, n):
+        ok = _valid_tp(hq, hkv, inter)
+        why = (f"num_attention_heads {hq} / num_key_value_heads {hkv}" if not _heads_ok(hq, hkv, n)
+               else f"intermediate_size {inter}")
+        raise InvalidOptionError(f"--tp {n} cannot split {why} across ranks; use --tp {' or '.join(map(str, ok))}")
     return dict(hq=hq, hkv=hkv, head_dim=int(attn[0].attrs["head_dim"]))
+
+
+def rank_heads(hq: int, hkv: int, n: int, r: int) -> tuple[int, int, int, int]:
+    """(q_start, q_stop, kv_start, kv_stop): the heads rank r computes. Query heads go with
+    their KV head's group (h uses KV head h // (hq/hkv)), so each rank's attention has whole
+    groups: SmolLM2's 3 KV heads of 3 query heads over 2 ranks give 6+3 query heads."""
+    group = hq // hkv
+    if hkv % n == 0 or hkv > n:
+        kv0, kv1 = shard_range(hkv, n, r)
+        return kv0 * group, kv1 * group, kv0, kv1
+    per = hq // n  # replicated KV head: n / hkv ranks share one group
+    q0 = r * per
+    return q0, q0 + per, q0 // group, q0 // group + 1
 
 
 def _rows(name: str, full_rows: int, heads: dict, n: int, r: int) -> tuple[int, int]:
     """Row range rank r holds of a column-split HF part (weight or bias)."""
     d = heads["head_dim"]
+    q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
     module = name.rsplit(".", 2)[-2]
     if module == "q_proj":
-        per = heads["hq"] // n * d
-        return r * per, (r + 1) * per
+        return q0 * d, q1 * d
     if module in ("k_proj", "v_proj"):
-        if heads["hkv"] % n == 0:
-            per = heads["hkv"] // n * d
-            return r * per, (r + 1) * per
-        kv = r * heads["hkv"] // n  # replicated: the KV head of this rank's query heads
-        return kv * d, (kv + 1) * d
+        return kv0 * d, kv1 * d
     per = full_rows // n  # gate_proj, up_proj
     return r * per, (r + 1) * per
 
@@ -77,19 +92,28 @@ def _slice_rows(ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> We
     return replace(ref, shape=(rows,) + tuple(ref.shape[1:]), slices=tuple(slices))
 
 
-def _slice_cols(node: Node, ref: WeightRef, shapes: dict, n: int, r: int) -> WeightRef:
+def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
     (part,) = ref.parts
     rows, k = shapes[part]
-    if k % n:
-        raise InvalidOptionError(f"{node.name}: {k} input features do not split over --tp {n}; use a --tp that divides {k}")
-    per = k // n
+    c0, c1 = _cuts(node, k, heads, n, r)
     q = dict(ref.quant)
-    if q.get("group_size") and per % q["group_size"]:
-        fits = [g for g in (16, 32, 48, 64, 96, 128) if per % g == 0 and k % g == 0]
+    g = q.get("group_size")
+    if g and (c0 % g or c1 % g):
+        fits = [f for f in (16, 32, 48, 64, 96, 128) if k % f == 0 and all(
+            c % f == 0 for rank in range(n) for c in _cuts(node, k, heads, n, rank))]
         raise InvalidOptionError(
-            f"{node.name}: --tp {n} cuts its {k} input features into {per} per rank, not a multiple of "
-            f"the 4-bit group size {q['group_size']}; use --group-size {' or '.join(map(str, fits)) or 16}")
-    return replace(ref, shape=(rows, per), slices=((0, rows, r * per, (r + 1) * per),))
+            f"{node.name}: --tp {n} cuts its {k} input features at column {c0 if c0 % g else c1}, inside a "
+            f"4-bit group of {g}; use --group-size {' or '.join(map(str, fits)) or 16}")
+    return replace(ref, shape=(rows, c1 - c0), slices=((0, rows, c0, c1),))
+
+
+def _cuts(node: Node, k: int, heads: dict, n: int, r: int) -> tuple[int, int]:
+    """Input columns [c0, c1) of a row-split linear on rank r: o_proj reads this rank's
+    attention heads, down_proj an even share of the intermediate features."""
+    if node.name.endswith(".o_proj"):
+        q0, q1, _, _ = rank_heads(heads["hq"], heads["hkv"], n, r)
+        return q0 * heads["head_dim"], q1 * heads["head_dim"]
+    return r * (k // n), (r + 1) * (k // n)
 
 
 def _rename(node: Node, old: str, new: str) -> Node:
@@ -117,7 +141,7 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
             new_widths[node.outputs[0]] = [s[1] - s[0] for s in ws[0].slices]
             nodes.append(replace(node, weights=ws))
         elif node.op == "linear" and suffix in ROW:
-            w = _slice_cols(node, node.weights[0], shapes, n, r)
+            w = _slice_cols(node, node.weights[0], shapes, heads, n, r)
             bias = node.weights[1:] if r == 0 else ()  # the bias is added once, on rank 0
             out, reduced = node.outputs[0], f"{node.outputs[0]}.all_reduce"
             nodes.append(replace(node, weights=(w,) + tuple(bias)))
@@ -148,8 +172,8 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
         elif node.op == "split" and node.inputs[0] in new_widths:
             nodes.append(replace(node, attrs=dict(node.attrs, sizes=new_widths[node.inputs[0]])))
         elif node.op in HEAD_OPS:
-            hkv = max(1, heads["hkv"] // n)
-            nodes.append(replace(node, attrs=dict(node.attrs, num_heads=heads["hq"] // n, num_kv_heads=hkv)))
+            q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
+            nodes.append(replace(node, attrs=dict(node.attrs, num_heads=q1 - q0, num_kv_heads=kv1 - kv0)))
         else:
             nodes.append(node)
     output = renames.get(graph.output, graph.output)
