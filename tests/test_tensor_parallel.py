@@ -256,10 +256,48 @@ def test_tp2_equals_tp1_smollm2(mode, smollm2_tp):
         two.close()
 
 
-def test_config_and_rank_files(tiny_engine):
+def test_async_llm_serves_a_tp_engine(smollm2_tp):
+    import asyncio
+
+    from bessemer.runtime.async_llm import AsyncLLM
+
+    e1, e2 = smollm2_tp("float32")
+    one = LLM(e1, num_threads=1)
+    prompts = [one.tokenizer.encode(p) for p in ("Hello, my name is", "Steel is made from", "1, 2, 3,")]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in one.generate(prompts, params)]
+    engine = AsyncLLM(e2)  # what `bessemer serve` runs
+
+    async def run():
+        async def one_request(ids):
+            tokens = []
+            async for d in engine.generate(ids, params):
+                tokens += d.token_ids
+            return tokens
+        return await asyncio.gather(*(one_request(p) for p in prompts))  # concurrent: batched
+
+    try:
+        assert asyncio.run(run()) == expected
+    finally:
+        engine.shutdown()
+
+
+def test_sliced_checkpoint_reads(tiny_checkpoint):
+    ckpt = Checkpoint(tiny_checkpoint("qwen2"))
+    w = ckpt.get("model.layers.0.mlp.down_proj.weight")  # (64, 88)
+    assert np.array_equal(ckpt.get("model.layers.0.mlp.down_proj.weight", (3, 40, 44, 88)), w[3:40, 44:88])
+    b = ckpt.get("model.layers.0.self_attn.q_proj.bias")
+    assert np.array_equal(ckpt.get("model.layers.0.self_attn.q_proj.bias", (32, 64, 0, 0)), b[32:64])
+
+
+def test_config_and_rank_files(tiny_checkpoint, tiny_engine, tmp_path):
     import json
 
+    from bessemer.builder.build import build_engine
+
     d = tiny_engine("llama-untied", tp_size=2)
+    parallel = build_engine(tiny_checkpoint("llama-untied"), tmp_path / "w2", BuildConfig(tp_size=2), workers=2)
+    assert (parallel / "config.json").read_text() == (d / "config.json").read_text()  # byte-identical ranks
     config = json.loads((d / "config.json").read_text())
     assert config["mapping"] == {"tp_size": 2, "pp_size": 1, "world_size": 2}
     assert [r["file"] for r in config["ranks"]] == ["rank0.engine", "rank1.engine"]

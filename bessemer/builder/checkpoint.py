@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,16 @@ def _read_safetensors_header(path: Path) -> dict[str, TensorLocation]:
     return out
 
 
+def _pread_into(fd: int, out: np.ndarray, offset: int) -> None:
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise BessemerError(f"checkpoint read failed at byte {offset + done}; re-download the checkpoint")
+        done += n
+
+
 class Checkpoint:
     """Tensor index over all safetensors files of a checkpoint; `get` returns fp32 numpy."""
 
@@ -87,31 +98,48 @@ class Checkpoint:
         for f in files:
             self.index.update(_read_safetensors_header(f))
         self._maps: dict[Path, mmap.mmap] = {}
+        self._fds: dict[Path, int] = {}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in self.index.items()}
 
     def get(self, name: str, sl: tuple | None = None) -> np.ndarray:
         """The tensor as fp32; with `sl` = (row_start, row_stop, col_start, col_stop) only
-        that block (cols ignored for 1-D) is read from the mmap and converted."""
+        that block (cols ignored for 1-D) is read, with pread: a tensor-parallel rank's
+        build touches (and counts in its RSS) only its shard's bytes, not mmap'd neighbours."""
         loc = self.index[name]
-        if loc.file not in self._maps:
-            with open(loc.file, "rb") as f:
-                self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
-        rows = loc.shape[0] if loc.shape else 1
-        row_elems = int(np.prod(loc.shape[1:], dtype=np.int64)) if len(loc.shape) > 1 else 1
-        r0, r1 = (sl[0], sl[1]) if sl else (0, rows)
-        raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(r1 - r0) * row_elems,
-                            offset=loc.start + r0 * row_elems * size)
-        raw = raw.reshape(((r1 - r0),) + tuple(loc.shape[1:])) if loc.shape else raw.reshape(())
-        if sl and len(loc.shape) == 2:
-            raw = raw[:, sl[2]:sl[3]]  # a column block: only these bytes of each row are read
+        if sl is None:
+            if loc.file not in self._maps:
+                with open(loc.file, "rb") as f:
+                    self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // size,
+                                offset=loc.start).reshape(loc.shape)
+        else:
+            raw = self._read_block(loc, np_dtype, size, sl)
         if loc.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw.astype(np.float32)
+
+    def _read_block(self, loc: TensorLocation, np_dtype, size: int, sl: tuple) -> np.ndarray:
+        if loc.file not in self._fds:
+            self._fds[loc.file] = os.open(loc.file, os.O_RDONLY)
+        fd = self._fds[loc.file]
+        r0, r1 = sl[0], sl[1]
+        row = int(np.prod(loc.shape[1:], dtype=np.int64)) if len(loc.shape) > 1 else 1
+        c0, c1 = (sl[2], sl[3]) if len(loc.shape) == 2 else (0, row)
+        out = np.empty((r1 - r0, c1 - c0), dtype=np_dtype)
+        if c1 - c0 == row:  # whole rows: one contiguous read
+            _pread_into(fd, out, loc.start + r0 * row * size)
+        else:
+            for i in range(r1 - r0):  # a column block: its bytes of each row
+                _pread_into(fd, out[i], loc.start + ((r0 + i) * row + c0) * size)
+        return out if len(loc.shape) == 2 else out.reshape((r1 - r0,) + tuple(loc.shape[1:]))
 
     def close(self) -> None:
         for m in self._maps.values():
             m.close()
         self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
