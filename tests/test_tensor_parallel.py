@@ -222,6 +222,24 @@ def test_tp2_equals_tp1_tiny_quantized(mode, tiny_quant_checkpoint, tmp_path):
     _compare(e1, e2, 250, mode)
 
 
+@pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq"])
+def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
+    """GPTQ and AWQ on a tiny model with SmolLM2's tokenizer (calibration needs one): one
+    calibration, then each rank takes its slice of the same codes (GPTQ on whole rows)."""
+    from bessemer.builder.build import build_engine
+    from conftest import WIKITEXT
+
+    ckpt = make_tiny_checkpoint("llama-untied", tmp_path / "hf", vocab_size=49152, intermediate_size=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (smollm2_dir / name).exists():
+            shutil.copyfile(smollm2_dir / name, ckpt / name)
+    quant = QuantConfig(mode, group_size=32, calib_data=str(WIKITEXT), calib_samples=4, calib_seq_len=32)
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    e1 = build_engine(ckpt, tmp_path / "tp1", BuildConfig(quant=quant))
+    e2 = build_engine(ckpt, tmp_path / "tp2", BuildConfig(quant=quant, tp_size=2), workers=2)
+    _compare(e1, e2, 49152, mode)
+
+
 @pytest.fixture(scope="module")
 def smollm2_tp(smollm2_dir, tmp_path_factory):
     """(TP=1, TP=2) SmolLM2 engines per mode, built once for the module."""

@@ -195,6 +195,12 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
 def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress,
                  workers: int) -> list[dict]:
     builds = [replace(build, tp_rank=r) for r in range(build.tp_size)]
+    if calibration is not None and workers > 1:
+        # calibration ran torch's thread pools in this process; a forked child that uses
+        # torch (GPTQ) can deadlock on a lock held by a thread it does not have
+        say("calibrated build: ranks are quantized one after another (--workers applies to "
+            "uncalibrated builds)")
+        workers = 1
     if workers <= 1 or build.tp_size == 1:
         return [_write_rank(model_dir, b, tmp, calibration, say) for b in builds]
     from bessemer.builder.parallel_build import run_forked

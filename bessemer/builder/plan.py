@@ -69,6 +69,16 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    when sliding_window > 0); query head h reads KV head
                    h // (num_heads / num_kv_heads)
 
+    all_reduce@1   ins [x]; outs [y] (may be x's view: in place); attrs tp_rank, tp_size
+                   y = sum of x over the tensor-parallel ranks, accumulated in fp32 in rank
+                   order (bit-identical on every rank); after the row-split o_proj/down_proj
+    all_gather@1   ins [x]; outs [y]; attrs tp_rank, tp_size, full_width (F)
+                   x holds columns shard_range(F, tp_size, tp_rank) (ceil(F/tp_size) each,
+                   the last may be shorter); y = every rank's columns side by side
+                   (the vocab-parallel lm_head's logits)
+                   Both run over the communicator attached to the executor
+                   (runtime/csrc/communicator.h); a failed peer fails the step.
+
 The "logits" view (width vocab_size) is returned as the step's [L, V] result: rows 0..L-1
 of its buffer when that buffer has "selected" rows, or the rows named by logits_indices
 when it has "tokens" rows (the executor gathers them).
