@@ -21,7 +21,6 @@ import pytest
 
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import verify
 from bessemer.builder.interpret import interpret, interpret_ranks
 from bessemer.builder.pipeline import run_passes
 from bessemer.errors import InvalidOptionError, TensorParallelError
@@ -401,6 +400,23 @@ def test_workers_die_with_rank0(tiny_engine):
                 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_workers_exit_when_rank0_hangs(tiny_engine):
+    code = ("import sys; from bessemer.runtime.llm import LLM; llm = LLM(sys.argv[1], tp_timeout_s=2); "
+            "print(llm.executor.workers.procs[0].pid, flush=True); import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_engine("llama-untied", tp_size=2))],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        worker = psutil.Process(int(proc.stdout.readline()))
+        proc.send_signal(signal.SIGSTOP)  # rank 0 (and its heartbeat) stops
+        deadline = time.monotonic() + 10
+        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
     finally:
         proc.kill()
         proc.wait()

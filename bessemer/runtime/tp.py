@@ -151,7 +151,6 @@ def start(engine, num_threads: int, num_kv_blocks: int, isa: str, timeout_s: flo
           verify_checksum: bool, max_blocks: int) -> TensorParallelExecutor:
     """Starts every rank of `engine` (rank 0's Engine) and returns rank 0's executor."""
     from bessemer import _C
-    from bessemer.runtime.engine import Engine
 
     world = int(engine.config["mapping"]["tp_size"])
     if launched_by_mpi():
