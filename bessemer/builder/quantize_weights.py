@@ -66,7 +66,7 @@ def _calibrate_smoothquant(ckpt, cfg, quant, spec, say) -> CalibrationResult:
     if backend == "modelopt":
         act_amax, rows = modelopt_act_amax(ckpt.dir, spec, quant.smoothquant_alpha, say)
     else:
-        stats = collect(ckpt.dir, spec, say)
+        stats = collect(ckpt.dir, spec, say, hessian=False)
         act_amax = {k: v["abs_max"] for k, v in stats.items()}
         rows = int(next(iter(stats.values()))["rows"])
     result = CalibrationResult({}, quant.algorithm, backend=backend,
