@@ -36,7 +36,7 @@ MODES = {  # name -> (dtype, quant config or None)
     "w8a8-sq": ("float32", dict(mode="w8a8-sq")),
     "w8a8-sq-native": ("float32", dict(mode="w8a8-sq", calib_backend="native")),
     "w8a8-sq-modelopt": ("float32", dict(mode="w8a8-sq", calib_backend="modelopt")),
-    "w8a8-sq-o-none": ("float32", dict(mode="w8a8-sq", calib_backend="native", o_proj_smoothing="none")),
+    "w8a8-sq-o-kernel": ("float32", dict(mode="w8a8-sq", calib_backend="native", o_proj_smoothing="kernel")),
     "w8a8-sq-a0.8": ("float32", dict(mode="w8a8-sq", calib_backend="native", smoothquant_alpha=0.8)),
 }
 

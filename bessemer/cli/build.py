@@ -49,8 +49,8 @@ def _load_yaml(path: str) -> dict:
 @click.option("--smoothquant-alpha", type=float, help="w8a8-sq: migration strength alpha in [0, 1]. [default: 0.5]")
 @click.option("--calib-backend", type=click.Choice(["auto", "native", "modelopt"]),
               help="w8a8-sq: activation statistics from nvidia-modelopt or our hooks. [default: auto = modelopt if installed]")
-@click.option("--smoothquant-o-proj", "o_proj_smoothing", type=click.Choice(["kernel", "none"]),
-              help="w8a8-sq: smooth o_proj with a multiplier in the kernel, or not at all. [default: kernel]")
+@click.option("--smoothquant-o-proj", "o_proj_smoothing", type=click.Choice(["none", "kernel"]),
+              help="w8a8-sq: leave o_proj unsmoothed, or smooth it with a multiplier in the kernel. [default: none]")
 @click.option("--act-order", is_flag=True, default=None, help="GPTQ: quantize columns by decreasing activation energy.")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
