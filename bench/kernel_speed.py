@@ -1,5 +1,5 @@
 """Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
-quantized linears (linear_w8a16@1, linear_w4a16@1) against linear@1 with fp32 weights.
+quantized linears (linear_w8a16@1, linear_w4a16@1, linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
 they come from DRAM, not from cache), next to the copy bandwidth of numpy. For the
@@ -34,7 +34,7 @@ from bessemer.builder.engine_format import (  # noqa: E402
     packed_nbytes,
     write_rank_file,
 )
-from bessemer.quantization.packing import pack_group_params, pack_panel16_int4  # noqa: E402
+from bessemer.quantization.packing import pack_group_params, pack_panel16_int4, pack_vnni16  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
@@ -74,6 +74,12 @@ def weight_entries(name, w, dtype):
         q, sc = quantize_int8_per_channel(w)
         return [TensorEntry(name, "int8", "panel16", (N, K), lambda: pack_panel16(q)),
                 TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc)], [name, name + ".s"]
+    if dtype == "w8a8":  # int8 x int8 (linear_w8a8@1)
+        q, sc = quantize_int8_per_channel(w)
+        ws = q.astype(np.int32).sum(axis=1, dtype=np.int32)
+        return [TensorEntry(name, "int8", "vnni16", (N, K), lambda: pack_vnni16(q)),
+                TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc),
+                TensorEntry(name + ".ws", "int32", "row_major", (N,), lambda: ws)], [name, name + ".s", name + ".ws"]
     if dtype == "int4":
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
@@ -89,13 +95,15 @@ def weight_nbytes(N, K, dtype):
         return packed_nbytes((N, K), "int4", "panel16_int4") + 2 * packed_nbytes((N, K // W4_GROUP), "float32", "panel16")
     if dtype == "int8":
         return packed_nbytes((N, K), "int8", "panel16") + 4 * N
+    if dtype == "w8a8":
+        return packed_nbytes((N, K), "int8", "vnni16") + 8 * N
     return packed_nbytes((N, K), dtype, "panel16")
 
 
 def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
-    op = {"int8": "linear_w8a16", "int4": "linear_w4a16"}.get(dtype, "linear")
+    op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "w8a8": "linear_w8a8"}.get(dtype, "linear")
     attrs = {"group_size": W4_GROUP} if dtype == "int4" else {}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
     entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
@@ -157,7 +165,7 @@ SMOLLM2_SHAPES = [(1536, 576), (576, 1536), (49152, 576), (960, 576)]  # (N, K)
 
 def bench_quant(tmp, args, rng):
     """fp32 vs int8 vs int4 (g64) weights: GEMV on SmolLM2 shapes, then GEMM."""
-    kinds = ["float32", "int8", "int4"]
+    kinds = ["float32", "int8", "int4", "w8a8"]
     print("\nQuantized GEMV M=1 (weights from DRAM); f32-eq GB/s = N*K*4 bytes / time")
     print(f"{'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'us':>8} {'GB/s':>6} {'f32-eq GB/s':>11} {'speed-up':>8}")
     for N, K in SMOLLM2_SHAPES:

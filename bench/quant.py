@@ -32,6 +32,12 @@ MODES = {  # name -> (dtype, quant config or None)
     "w4a16-g128": ("float32", dict(mode="w4a16", group_size=128)),
     "w4a16-awq-g64": ("float32", dict(mode="w4a16-awq", group_size=64)),
     "w4a16-gptq-g64": ("float32", dict(mode="w4a16-gptq", group_size=64)),
+    # SmoothQuant, int8 activations; the o_proj variants and the statistics backends
+    "w8a8-sq": ("float32", dict(mode="w8a8-sq")),
+    "w8a8-sq-native": ("float32", dict(mode="w8a8-sq", calib_backend="native")),
+    "w8a8-sq-modelopt": ("float32", dict(mode="w8a8-sq", calib_backend="modelopt")),
+    "w8a8-sq-o-kernel": ("float32", dict(mode="w8a8-sq", calib_backend="native", o_proj_smoothing="kernel")),
+    "w8a8-sq-a0.8": ("float32", dict(mode="w8a8-sq", calib_backend="native", smoothquant_alpha=0.8)),
 }
 
 
@@ -54,7 +60,7 @@ def main() -> None:
     for name in names:
         dtype, q = MODES[name]
         quant = QuantConfig(**q, calib_data=str(WIKITEXT), calib_samples=args.calib_samples) if q and \
-            q["mode"].endswith(("awq", "gptq")) else (QuantConfig(**q) if q else None)
+            q["mode"].endswith(("awq", "gptq", "sq")) else (QuantConfig(**q) if q else None)
         t = time.perf_counter()
         out = build_engine(args.model, args.engines / name, BuildConfig(dtype=args.dtype or dtype, quant=quant,
                                                                          max_seq_len=2048))

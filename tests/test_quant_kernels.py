@@ -241,7 +241,7 @@ def test_panel16_int4_tensor_checks(tmp_path):
     _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)  # loads
     assert hdr["tensors"][1]["nbytes"] == 48 * K // 2
     for key, val, match in [("nbytes", 48 * K, "tensor c: nbytes"), ("dtype", 3, "panel16_int4 layout needs dtype int4"),
-                            ("shape", [N * K], "panel16_int4 layout needs a 2-D shape"), ("layout", 3, "unknown layout id 3")]:
+                            ("shape", [N * K], "panel16_int4 layout needs a 2-D shape"), ("layout", 250, "unknown layout id 250")]:
         t = json.loads(json.dumps(hdr["tensors"]))
         t[1][key] = val
         with pytest.raises(ValueError, match=match):

@@ -53,8 +53,12 @@ def test_group_size_rule_for_dimensions_it_does_not_divide():
 def test_bad_quant_options():
     with pytest.raises(InvalidOptionError, match="group-size"):
         QuantConfig("w4a16", group_size=48)
-    with pytest.raises(InvalidOptionError, match="planned"):
+    with pytest.raises(InvalidOptionError, match="--calib-data"):
         QuantConfig("w8a8-sq")
+    with pytest.raises(InvalidOptionError, match="smoothquant-alpha must be in"):
+        QuantConfig("w8a8-sq", calib_data="x.txt", smoothquant_alpha=1.5)
+    with pytest.raises(InvalidOptionError, match="apply to --quant w8a8-sq only"):
+        QuantConfig("w8a16", calib_backend="native")
     with pytest.raises(InvalidOptionError, match="--calib-data"):
         QuantConfig("w4a16-awq")
     with pytest.raises(InvalidOptionError, match="not supported"):

@@ -107,6 +107,9 @@ class WeightSource:
 
     def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
         def produce() -> np.ndarray:
+            if spec.role == "smooth":  # SmoothQuant 1/s for the kernel (o_proj): (K,), this rank's columns
+                smooth = self.calibration.multipliers[spec.parts[0]]
+                return smooth[spec.slices[0][2]:spec.slices[0][3]] if spec.slices else smooth
             if not spec.quant:
                 return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
@@ -245,6 +248,13 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         t = time.perf_counter()
         calibration = calibrate(ckpt, cfg, build.quant, say)
         timings["calibration"] = time.perf_counter() - t
+        if build.quant.algorithm == "smoothquant":  # record the backend that ran, not "auto"
+            build = replace(build, quant=replace(build.quant, calib_backend=calibration.backend))
+            # an excluded o_proj runs in floating point without the kernel's 1/s: unsmoothed
+            kept = {s.parts[0] for s in specs if s.role == "smooth"}
+            for name in [n for n in calibration.multipliers if n not in kept]:
+                del calibration.multipliers[name]
+                calibration.transforms.pop(name, None)
     ckpt.close()
 
     tmp = _prepare_output(output)

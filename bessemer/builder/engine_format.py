@@ -78,7 +78,11 @@ DTYPE_SIZES = {"int4": 1,  # only in panel16_int4, whose size rule halves it
 #   panel16_int4: 4-bit codes (dtype int4) of a [N, K] matrix, panel16 order, 8 bytes per
 #              (panel p, k): byte j holds the code of row 16p+j in its low nibble and of
 #              row 16p+8+j in its high nibble (one byte load + mask/shift yields 16 lanes).
-LAYOUT_IDS = {"row_major": 0, "panel16": 1, "panel16_int4": 2}
+#   vnni16:    int8 [N, K] for the int8 x int8 kernel (linear_w8a8): ceil(N/16) panels of
+#              16 rows, K padded with zeros to Kp = a multiple of 4, k in groups of 4:
+#              W[16p + j, 4g + i] at byte ((p*Kp/4 + g)*16 + j)*4 + i. One 64-byte load is
+#              16 rows x 4 k, the operand of one vpdpbusd (16 int32 lanes).
+LAYOUT_IDS = {"row_major": 0, "panel16": 1, "panel16_int4": 2, "vnni16": 3}
 PANEL = 16
 
 
@@ -96,6 +100,9 @@ def packed_nbytes(shape: tuple[int, ...], dtype: str, layout: str) -> int:
     if layout == "panel16_int4":
         n, k = shape
         return align_up(n, PANEL) * k // 2
+    if layout == "vnni16":
+        n, k = shape
+        return align_up(n, PANEL) * align_up(k, 4) * elem
     raise ValueError(f"unknown layout {layout!r}")
 
 

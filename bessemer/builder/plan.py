@@ -53,6 +53,14 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    w[n, k] = scales[n, k/G] * codes[n, k] + offsets[n, k/G];
                    y = sum over groups g of scales[:, g] * (x_g @ codes_g.T) + offsets[:, g] *
                    sum(x_g) (+ bias): per group one integer-code dot product and one row sum
+    linear_w8a8@1  ins [x]; outs [y]; weights [q (int8 vnni16 [N, K]), w_scales (f32 [N]),
+                   wsum (int32 [N] = sum_k q[n, k]), smooth (f32 [K], only when attr
+                   has_smooth = 1), bias?]; attrs has_smooth (0/absent or 1)
+                   per row t: x' = x[t] (* smooth), a = max|x'|, xq = rint(x' * 127 / a)
+                   (int8, dynamic per token, inside the kernel); y[t, n] = float(sum_k xq[k] *
+                   q[n, k]) * (a / 127) * w_scales[n] (+ bias): int32 accumulation (VNNI
+                   vpdpbusd with activations shifted by +128, minus 128 * wsum[n]; AVX2
+                   |x| * sign(x) q, exact in int16)
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];

@@ -16,7 +16,7 @@ import numpy as np
 from bessemer.builder.engine_format import pack_panel16
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
-from bessemer.quantization.packing import pack_group_params, pack_panel16_int4
+from bessemer.quantization.packing import pack_group_params, pack_panel16_int4, pack_vnni16
 
 
 @dataclass
@@ -24,7 +24,9 @@ class CalibrationResult:
     stats: dict  # input key -> activation statistics (quantization/calibration.py)
     algorithm: str
     act_order: bool = False
-    transforms: dict = field(default_factory=dict)  # AWQ: tensor -> (row_scale, col_scale)
+    transforms: dict = field(default_factory=dict)  # AWQ, SmoothQuant: tensor -> (row_scale, col_scale)
+    multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
+    backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
 
     def hessian_for(self, spec) -> np.ndarray | None:
@@ -39,6 +41,8 @@ def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
 
     spec = CalibrationSpec(Path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
     t = time.perf_counter()
+    if quant.algorithm == "smoothquant":
+        return _calibrate_smoothquant(ckpt, cfg, quant, spec, say)
     stats = collect(ckpt.dir, spec, say)
     result = CalibrationResult(stats, quant.algorithm, quant.act_order,
                                report={"stats_s": round(time.perf_counter() - t, 2),
@@ -51,12 +55,35 @@ def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     return result
 
 
+def _calibrate_smoothquant(ckpt, cfg, quant, spec, say) -> CalibrationResult:
+    from bessemer.quantization.modelopt_calib import modelopt_available, modelopt_act_amax
+    from bessemer.quantization.smoothquant import smoothquant_transforms
+
+    t = time.perf_counter()
+    backend = quant.calib_backend
+    if backend == "auto":
+        backend = "modelopt" if modelopt_available() else "native"
+    if backend == "modelopt":
+        act_amax, rows = modelopt_act_amax(ckpt.dir, spec, quant.smoothquant_alpha, say)
+    else:
+        stats = collect(ckpt.dir, spec, say, hessian=False)
+        act_amax = {k: v["abs_max"] for k, v in stats.items()}
+        rows = int(next(iter(stats.values()))["rows"])
+    result = CalibrationResult({}, quant.algorithm, backend=backend,
+                               report={"stats_s": round(time.perf_counter() - t, 2), "rows": rows, "backend": backend})
+    result.transforms, result.multipliers, per_group = smoothquant_transforms(
+        ckpt.get, cfg.num_hidden_layers, act_amax, quant.smoothquant_alpha, quant.o_proj_smoothing)
+    result.report["smoothquant"] = per_group
+    say(f"smoothquant: factors for {len(per_group)} inputs (alpha {quant.smoothquant_alpha}, {backend} statistics)")
+    return result
+
+
 def quantize_codes(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = None,
                    act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """w: (N, K) fp32 -> unpacked codes (N, K), scales (N,) or (N, K/G), offsets (4-bit) or None.
     With a Hessian, 4-bit codes come from GPTQ, otherwise from round to nearest."""
     q = dict(quant)
-    if q["bits"] == 8:
+    if q["bits"] == 8:  # w8a16 and w8a8: symmetric per channel
         codes, scale = prim.quantize_int8_per_channel(w)
         return codes, scale, None
     g = q["group_size"]
@@ -82,7 +109,11 @@ def slice_codes(codes, scale, offset, quant: tuple, c0: int, c1: int):
 def pack_quantized(w: np.ndarray, codes, scale, offset, quant: tuple) -> tuple[dict[str, np.ndarray], dict]:
     """Stored parts of quantized `w` (N, K) and its SQNR (of exactly what is stored)."""
     q = dict(quant)
-    if q["bits"] == 8:
+    if q.get("act_bits") == 8:  # w8a8: VNNI layout and the per-channel code sums of the +128 shift
+        approx = prim.dequantize_int8_per_channel(codes, scale)
+        parts = {"codes": pack_vnni16(codes), "scales": scale,
+                 "wsum": codes.astype(np.int32).sum(axis=1, dtype=np.int32)}
+    elif q["bits"] == 8:
         approx = prim.dequantize_int8_per_channel(codes, scale)
         parts = {"codes": pack_panel16(codes), "scales": scale}
     else:

@@ -10,7 +10,7 @@ from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "tp_size")
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "act_order", "calib_data",
-               "calib_samples", "calib_seq_len")
+               "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
 
 def _load_yaml(path: str) -> dict:
@@ -42,22 +42,27 @@ def _load_yaml(path: str) -> dict:
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
 @click.option("--tp", "tp_size", type=int, help="Tensor-parallel ranks: one rank file each, run as that many processes. [default: 1]")
 @click.option("--workers", type=int, help="Build this many ranks at once, each in its own process. [default: 1]")
-@click.option("--quant", help="Weight quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq. [default: none]")
+@click.option("--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq. [default: none]")
 @click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
 @click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "
               "[default: model.embed_tokens,lm_head]")
-@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text (AWQ, GPTQ).")
+@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text (AWQ, GPTQ, SmoothQuant).")
 @click.option("--calib-samples", type=int, help="Calibration windows. [default: 64]")
 @click.option("--calib-seq-len", type=int, help="Tokens per calibration window. [default: 512]")
+@click.option("--smoothquant-alpha", type=float, help="w8a8-sq: migration strength alpha in [0, 1]. [default: 0.5]")
+@click.option("--calib-backend", type=click.Choice(["auto", "native", "modelopt"]),
+              help="w8a8-sq: activation statistics from nvidia-modelopt or our hooks. [default: auto = modelopt if installed]")
+@click.option("--smoothquant-o-proj", "o_proj_smoothing", type=click.Choice(["none", "kernel"]),
+              help="w8a8-sq: leave o_proj unsmoothed, or smooth it with a multiplier in the kernel. [default: none]")
 @click.option("--act-order", is_flag=True, default=None, help="GPTQ: quantize columns by decreasing activation energy.")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, tp_size, workers, quant,
-         group_size, zero_point, exclude_modules, calib_data, calib_samples, calib_seq_len, act_order, dump_ir,
-         config_file, quiet):
+         group_size, zero_point, exclude_modules, calib_data, calib_samples, calib_seq_len, smoothquant_alpha,
+         calib_backend, o_proj_smoothing, act_order, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
@@ -70,6 +75,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
                  output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
+                 smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)
     options.update({k: v for k, v in flags.items() if v is not None})
     output = options.pop("output", None)

@@ -53,8 +53,8 @@ def cache_dir() -> Path:
     return root / "calibration"
 
 
-def _content_hash(model_dir: Path, spec: CalibrationSpec) -> str:
-    h = hashlib.sha256(f"v{STATS_VERSION}:{spec.num_samples}:{spec.seq_len}".encode())
+def _content_hash(model_dir: Path, spec: CalibrationSpec, tag: str = "") -> str:
+    h = hashlib.sha256(f"v{STATS_VERSION}:{spec.num_samples}:{spec.seq_len}{tag}".encode())
     for f in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json", spec.data]:
         with open(f, "rb") as fh:
             while block := fh.read(1 << 22):
@@ -80,11 +80,14 @@ def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int
     return wins
 
 
-def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], None] = lambda m: None) -> dict:
-    """Returns {input_key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached."""
+def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], None] = lambda m: None,
+            hessian: bool = True) -> dict:
+    """Returns {input_key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached.
+    hessian=False (SmoothQuant, FP8 scales) skips the (K, K) sums, a good part of the cost."""
     model_dir = Path(model_dir)
-    key = _content_hash(model_dir, spec)
-    path = cache_dir() / f"{key}.npz"
+    path = cache_dir() / f"{_content_hash(model_dir, spec)}.npz"
+    if not hessian and not path.exists():  # a full set of statistics serves too
+        path = cache_dir() / f"{_content_hash(model_dir, spec, ':nohessian')}.npz"
     if path.exists():
         progress(f"calibration: cached statistics {path}")
         return _load(path)
@@ -100,11 +103,13 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
     def hook(name):
         def record(module, args, output):
             x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # (rows, K)
-            s = stats.setdefault(name, {"hessian": torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64),
+            s = stats.setdefault(name, {"hessian": torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
+                                        if hessian else None,
                                         "abs_sum": torch.zeros(x.shape[1], dtype=torch.float64),
                                         "abs_max": torch.zeros(x.shape[1], dtype=torch.float32),
                                         "sample": [], "rows": 0})
-            s["hessian"] += (x.T @ x).double()
+            if hessian:
+                s["hessian"] += (x.T @ x).double()
             s["abs_sum"] += x.abs().sum(0).double()
             s["abs_max"] = torch.maximum(s["abs_max"], x.abs().amax(0))
             s["rows"] += x.shape[0]
@@ -123,7 +128,7 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
     finally:
         for h in handles:
             h.remove()
-    result = {name: {"hessian": s["hessian"].float().numpy(), "abs_mean": (s["abs_sum"] / s["rows"]).float().numpy(),
+    result = {name: {**({"hessian": s["hessian"].float().numpy()} if hessian else {}), "abs_mean": (s["abs_sum"] / s["rows"]).float().numpy(),
                      "abs_max": s["abs_max"].numpy(),
                      "sample": np.concatenate(s["sample"])[:SAMPLE_ROWS], "rows": np.int64(s["rows"])}
               for name, s in stats.items()}

@@ -6,6 +6,11 @@ the same storage) and from the kernel that reads it. Layout ids: engine_format.L
     int8 per channel   q: int8 panel16 [N, K];  scales: float32 row_major [N]
     int4 group-wise    codes: int4 panel16_int4 [N, K];  scales, offsets: float32 panel16
                        [N, K // group]  (w = scale * code + offset, code in 0..15)
+    int8 x int8 (w8a8) q: int8 vnni16 [N, K];  scales: float32 row_major [N];
+                       wsum: int32 row_major [N] = sum_k q[n, k] (the VNNI kernel feeds
+                       activations shifted to u8 = code + 128 and subtracts 128 * wsum);
+                       smooth (o_proj only, optional): float32 row_major [K], the 1/s
+                       SmoothQuant multiplier applied to activations before they are quantized
 """
 
 from __future__ import annotations
@@ -36,3 +41,19 @@ def unpack_panel16_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
 def pack_group_params(params: np.ndarray) -> np.ndarray:
     """scales or offsets (N, K // group) float32 -> panel16 order."""
     return pack_panel16(np.asarray(params, dtype=np.float32))
+
+
+def pack_vnni16(q: np.ndarray) -> np.ndarray:
+    """q (N, K) int8 -> flat int8 array, vnni16 order (engine_format.LAYOUT_IDS)."""
+    n, k = q.shape
+    n_pad, k_pad = align_up(n, PANEL), align_up(k, 4)
+    c = np.zeros((n_pad, k_pad), dtype=np.int8)
+    c[:n, :k] = q
+    # [P, 16, Kp/4, 4] -> [P, Kp/4, 16, 4]
+    return np.ascontiguousarray(c.reshape(n_pad // PANEL, PANEL, k_pad // 4, 4).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def unpack_vnni16(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+    n_pad, k_pad = align_up(n, PANEL), align_up(k, 4)
+    p = packed.reshape(n_pad // PANEL, k_pad // 4, PANEL, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(p).reshape(n_pad, k_pad)[:n, :k]

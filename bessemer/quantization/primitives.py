@@ -42,6 +42,40 @@ def dequantize_int8_per_channel(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * scale[:, None]
 
 
+def quantize_int8_per_token(x: np.ndarray, smooth: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic symmetric per-row int8 of activations, exactly as linear_w8a8 computes it
+    (fp32 throughout): x' = x * smooth; a = max|x'|; q = rint(clip(x' * (127 / a)));
+    scale = a / 127 (1 for an all-zero row, whose codes are 0).
+    x: (M, K) float32, smooth: (K,) or None. Returns q (M, K) int8, scale (M,) float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if smooth is not None:
+        x = x * np.asarray(smooth, dtype=np.float32)[None, :]
+    amax = np.abs(x).max(axis=1)
+    nz = amax > 0
+    inv = np.where(nz, np.float32(INT8_MAX) / np.where(nz, amax, 1), 0).astype(np.float32)
+    q = np.rint(np.clip(x * inv[:, None], -INT8_MAX, INT8_MAX)).astype(np.int8)
+    scale = np.where(nz, amax / np.float32(INT8_MAX), 1).astype(np.float32)
+    return q, scale
+
+
+def linear_w8a8_ref(x: np.ndarray, q: np.ndarray, w_scale: np.ndarray, smooth: np.ndarray | None = None,
+                    bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reference of linear_w8a8@1. x: (M, K) fp32; q: (N, K) int8; w_scale: (N,).
+    Returns (y (M, N) float64, acc (M, N) int64: the exact integer dot products)."""
+    xq, xs = quantize_int8_per_token(x, smooth)
+    acc = xq.astype(np.int64) @ q.astype(np.int64).T  # (M, N)
+    y = acc.astype(np.float64) * (xs[:, None].astype(np.float32) * np.asarray(w_scale, np.float32)[None, :])
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64)[None, :]
+    return y, acc
+
+
+def fake_quant_int8_per_token(x: np.ndarray, smooth: np.ndarray | None = None) -> np.ndarray:
+    """What the kernel's activations become: dequantized per-token int8 of x * smooth."""
+    q, scale = quantize_int8_per_token(x, smooth)
+    return q.astype(np.float32) * scale[:, None]
+
+
 def int4_group_params(w: np.ndarray, group: int, zero_point: bool,
                       clip_ratio: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Scales and offsets of group-wise 4-bit codes: w ~= scale * code + offset, code in 0..15.

@@ -3,6 +3,9 @@
 The pass only annotates (WeightRef.quant); the weights are quantized while they are
 packed (builder/quantize_weights.py) and lowering picks the kernel that reads the stored
 format. Exclusions are fnmatch patterns on node names (HF module paths).
+w8a8 (SmoothQuant) linears also get act_bits 8, and `smooth` when their input comes from
+attention (no producer to fold 1/s into, quantization/smoothquant.py): the kernel then
+applies a stored per-channel multiplier.
 """
 
 from dataclasses import replace
@@ -20,6 +23,7 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
     # a table the embedding gathers from (tied lm_head) stays unquantized: the gather
     # kernel reads float rows
     gathered = {w.name for n in graph.nodes if n.op == "embedding" for w in n.weights}
+    producer = {out: m.op for m in graph.nodes for out in m.outputs}
     nodes = []
     for n in graph.nodes:
         excluded = any(fnmatch(n.name, pat) or fnmatch(n.name, pat + ".*") for pat in q.exclude_modules)
@@ -28,7 +32,10 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
             nodes.append(n)
             continue
         w = n.weights[0]
-        if q.bits == 8:
+        if q.act_bits == 8:
+            smooth = q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
+            quant = (("bits", 8), ("act_bits", 8), ("smooth", smooth))
+        elif q.bits == 8:
             quant = (("bits", 8),)
         else:
             quant = (("bits", 4), ("group_size", effective_group_size(w.shape[1], q.group_size)),

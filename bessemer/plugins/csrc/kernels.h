@@ -22,6 +22,7 @@ BESSEMER_KERNEL(gather_rows)
 BESSEMER_KERNEL(linear)
 BESSEMER_KERNEL(linear_w4a16)
 BESSEMER_KERNEL(linear_w8a16)
+BESSEMER_KERNEL(linear_w8a8)
 BESSEMER_KERNEL(rms_norm)
 BESSEMER_KERNEL(rope)
 BESSEMER_KERNEL(silu_mul)
@@ -49,5 +50,13 @@ void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, co
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y,
                       int64_t ldy, int nthreads);
+
+// int8 x int8 (linear_w8a8.cpp, linear_w8a8_avx512.cpp): q int8 vnni16 [N, K], ws [N], wsum
+// [N] = sum_k q[n, k], smooth [K] or null; activations quantized per row inside.
+constexpr int kW8A8MaxK = 32768;
+void linear_w8a8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const float* ws, const int32_t* wsum,
+                      const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+void linear_w8a8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const float* ws, const int32_t* wsum,
+                        const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 
 }  // namespace bessemer

@@ -21,6 +21,7 @@ const KernelDef kKernels[] = {
     {"linear", 1, prepare_linear, run_linear},
     {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
     {"linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
+    {"linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
     {"rms_norm", 1, prepare_rms_norm, run_rms_norm},
     {"rope", 1, prepare_rope, run_rope},
     {"silu_mul", 1, prepare_silu_mul, run_silu_mul},
@@ -53,6 +54,7 @@ const char* layout_name(int layout) {
         case LAYOUT_ROW_MAJOR: return "row_major";
         case LAYOUT_PANEL16: return "panel16";
         case LAYOUT_PANEL16_INT4: return "panel16_int4";
+        case LAYOUT_VNNI16: return "vnni16";
         default: return "unknown";
     }
 }

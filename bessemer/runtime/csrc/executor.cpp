@@ -184,6 +184,13 @@ void Executor::load_tensors(const py::object& tensors) {
             const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
             if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
             expect = n * k / 2;
+        } else if (t->layout == LAYOUT_VNNI16) {
+            // int8, panels of 16 rows, k in groups of 4 bytes (K padded to 4); engine_format.py.
+            if (t->dtype != DT_I8) fail(where + ": vnni16 layout needs dtype int8");
+            if (t->shape.size() != 2) fail(where + ": vnni16 layout needs a 2-D shape");
+            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = (t->shape[1] + 3) / 4 * 4;
+            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
+            expect = n * k;
         } else {
             fail(where + ": unknown layout id " + std::to_string(t->layout));
         }

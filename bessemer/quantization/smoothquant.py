@@ -1,0 +1,98 @@
+"""SmoothQuant: per-input-channel factors that move activation outliers into the weights.
+
+For a linear y = x W^T whose input channel j has activation range a_j = max|x_j| (from
+calibration) and weight range w_j = max_n |W[n, j]|, the factor
+
+    s_j = a_j^alpha / w_j^(1 - alpha)
+
+rescales both sides, y = (x / s) (W diag(s))^T, so that int8 per-token activations and
+int8 per-channel weights lose less (alpha = 0.5 splits the range evenly). W diag(s) is
+what gets quantized; the 1/s goes where it costs nothing when that is exact:
+
+    q/k/v       1/s folded into input_layernorm's weight        (RMSNorm is per channel)
+    gate/up     1/s folded into post_attention_layernorm's weight
+    down_proj   1/s folded into up_proj's rows: h = silu(g) * up, so scaling up's row j
+                scales h_j; per-output-channel int8 of up_proj is invariant to row scaling,
+                so the fold is exact even after quantization
+    o_proj      reads the attention output: no per-channel producer (with grouped KV heads
+                the channels of one KV head are shared by several query heads). Either the
+                kernel multiplies the activations by 1/s before quantizing them
+                (o_proj_smoothing "kernel") or o_proj is not smoothed ("none", the default:
+                measured slightly better on SmolLM2, see quantization/config.py).
+
+Factors are shared by the linears that read one input (their weights concatenated).
+Reference: Xiao et al., 2023. Pure functions; the builder applies the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Same guards as nvidia-modelopt's smoothquant: channels never seen active keep s = 1, and
+# s stays in [1e-4, 1e4] so a dead weight column cannot blow the activation up.
+S_MIN, S_MAX = 1e-4, 1e4
+EPS = 1.0 / (1 << 31)
+
+
+def weight_in_amax(weights: list[np.ndarray]) -> np.ndarray:
+    """max_n |W[n, j]| over all rows of the (N_i, K) weights reading one input -> (K,)."""
+    return np.max([np.abs(w).max(axis=0) for w in weights], axis=0).astype(np.float32)
+
+
+def smooth_factors(act_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np.ndarray:
+    """s (K,) float32 = act_amax^alpha / w_amax^(1 - alpha), guarded (see S_MIN)."""
+    a = np.asarray(act_amax, dtype=np.float64)
+    w = np.maximum(np.asarray(w_amax, dtype=np.float64), EPS)
+    s = np.maximum(a, EPS) ** alpha / w ** (1.0 - alpha)
+    s = np.where(a <= EPS, 1.0, s)
+    return np.clip(s, S_MIN, S_MAX).astype(np.float32)
+
+
+def layer_groups(p: str) -> list[tuple[str, list[str], str | None]]:
+    """(input key, weights reading it, tensor 1/s is folded into or None) of decoder layer p."""
+    return [
+        (f"{p}.self_attn.q_proj", [f"{p}.self_attn.{m}_proj.weight" for m in "qkv"], f"{p}.input_layernorm.weight"),
+        (f"{p}.self_attn.o_proj", [f"{p}.self_attn.o_proj.weight"], None),
+        (f"{p}.mlp.gate_proj", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
+         f"{p}.post_attention_layernorm.weight"),
+        (f"{p}.mlp.down_proj", [f"{p}.mlp.down_proj.weight"], f"{p}.mlp.up_proj.weight"),
+    ]
+
+
+def smoothquant_transforms(get, num_layers: int, act_amax: dict, alpha: float,
+                           o_proj_smoothing: str = "none") -> tuple[dict, dict, dict]:
+    """Factors for every decoder layer of a Llama-like checkpoint (HF module paths).
+
+    get(name): an fp32 checkpoint tensor; act_amax: {input key: (K,) max |x|}.
+    Returns (transforms {tensor: (row_scale | None, col_scale | None)} as awq.apply_transform
+    takes them, multipliers {o_proj weight name: (K,) 1/s for the kernel}, report).
+    """
+    transforms: dict[str, list] = {}
+    multipliers: dict[str, np.ndarray] = {}
+
+    def scale(name: str, row=None, col=None):
+        t = transforms.setdefault(name, [None, None])
+        if row is not None:
+            t[0] = row if t[0] is None else t[0] * row
+        if col is not None:
+            t[1] = col if t[1] is None else t[1] * col
+
+    report = {}
+    for i in range(num_layers):
+        for key, names, fold in layer_groups(f"model.layers.{i}"):
+            if fold is None and o_proj_smoothing == "none":
+                continue
+            a = np.asarray(act_amax[key], dtype=np.float32)
+            s = smooth_factors(a, weight_in_amax([get(n) for n in names]), alpha)
+            for n in names:
+                scale(n, col=s)
+            inv = (1.0 / s).astype(np.float32)
+            if fold is None:
+                multipliers[names[0]] = inv
+            else:
+                scale(fold, row=inv)
+            # how much flatter the activations got: max/median channel range, before and after
+            after = a / s
+            report[key] = {"act_spread": round(float(a.max() / max(np.median(a), EPS)), 2),
+                           "act_spread_smoothed": round(float(after.max() / max(np.median(after), EPS)), 2)}
+    return {k: tuple(v) for k, v in transforms.items()}, multipliers, report
