@@ -21,7 +21,7 @@ from bessemer.plugins.ops import OPS
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
 # Kernels that implement a graph op for a stored format other than the op's own.
-KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1}
+KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class TensorSpec:
     dtype: str
     layout: str
     quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
-    role: str = "data"  # data | codes | scales | offsets
+    role: str = "data"  # data | codes | scales | offsets | input_scale
     source: str = ""  # the (fp32) weight a quantized part is derived from
     slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
 
@@ -45,6 +45,12 @@ def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
     q = dict(ref.quant)
     n, k = ref.shape
     common = dict(parts=ref.parts, quant=ref.quant, source=ref.name, slices=ref.slices)
+    if q.get("dtype") == "float8_e4m3":  # + the static activation scale of this input
+        return [TensorSpec(ref.name, shape=(n, k), dtype="float8_e4m3", layout="panel16", role="codes", **common),
+                TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
+                           role="scales", **common),
+                TensorSpec(f"{ref.name}.input_scale", shape=(1,), dtype="float32", layout="row_major",
+                           role="input_scale", **common)]
     if q["bits"] == 8:
         return [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="panel16", role="codes", **common),
                 TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
@@ -62,6 +68,8 @@ def linear_kernel(ref: WeightRef) -> tuple[str, list[str], dict]:
     if not ref.quant:
         return "linear", [ref.name], {}
     q = dict(ref.quant)
+    if q.get("dtype") == "float8_e4m3":
+        return "linear_fp8", [ref.name, f"{ref.name}.scales", f"{ref.name}.input_scale"], {}
     if q["bits"] == 8:
         return "linear_w8a16", [ref.name, f"{ref.name}.scales"], {}
     return "linear_w4a16", [ref.name, f"{ref.name}.scales", f"{ref.name}.offsets"], {"group_size": q["group_size"]}
@@ -94,7 +102,7 @@ def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
     order = graph.weight_names()
     ordered = {}
     for name in order:
-        for key in (name, f"{name}.scales", f"{name}.offsets"):
+        for key in (name, f"{name}.scales", f"{name}.offsets", f"{name}.input_scale"):
             if key in specs:
                 ordered[key] = specs[key]
     return ordered

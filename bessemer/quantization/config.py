@@ -17,9 +17,14 @@ MODES = {
     "w4a16": (4, "rtn"),
     "w4a16-awq": (4, "awq"),
     "w4a16-gptq": (4, "gptq"),
+    # E4M3 weights (per-channel scales) and E4M3 activations with a static per-tensor
+    # scale per linear input, from the calibrated max |x| ("max" calibration)
+    "fp8": (8, "max"),
 }
-CALIBRATED = ("awq", "gptq")
-PLANNED_MODES = ("w8a8-sq", "fp8")
+CALIBRATED = ("awq", "gptq", "max")
+# weight storage dtype of each mode's codes (engine_format.DTYPE_IDS names)
+WEIGHT_DTYPES = {"fp8": "float8_e4m3"}
+PLANNED_MODES = ("w8a8-sq",)
 # Embeddings are a gather (no GEMM to speed up) and lm_head decides every token: both stay
 # in the build dtype unless the user removes them from the exclusions.
 DEFAULT_EXCLUDE = ("model.embed_tokens", "lm_head")
@@ -45,7 +50,7 @@ class QuantConfig:
         if self.bits == 4 and self.group_size not in GROUP_SIZES:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
-            raise InvalidOptionError("--zero-point applies to 4-bit modes only; w8a16 is symmetric per channel")
+            raise InvalidOptionError(f"--zero-point applies to 4-bit modes only; {self.mode} is symmetric per channel")
         if self.algorithm in CALIBRATED and not self.calib_data:
             raise InvalidOptionError(f"--quant {self.mode} needs calibration text: pass --calib-data FILE")
         if self.act_order and self.algorithm != "gptq":
@@ -62,6 +67,10 @@ class QuantConfig:
         return MODES[self.mode][1]
 
     @property
+    def weight_dtype(self) -> str:
+        return WEIGHT_DTYPES.get(self.mode, f"int{self.bits}")
+
+    @property
     def needs_calibration(self) -> bool:
         return self.algorithm in CALIBRATED
 
@@ -70,6 +79,11 @@ class QuantConfig:
         d["exclude_modules"] = list(self.exclude_modules)
         d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="float32",
                  granularity="per_channel" if self.bits == 8 else "per_group")
+        d["weight_dtype"] = self.weight_dtype
+        if self.mode == "fp8":  # static activation scales: one per linear input, in the rank file
+            d.update(activation_dtype="float8_e4m3", activation_granularity="per_tensor",
+                     activation_scales="static: calibrated max|x| / 448 (tensor <weight>.input_scale)",
+                     weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
         if self.bits == 8:
             d.pop("group_size")
         if self.algorithm not in CALIBRATED:

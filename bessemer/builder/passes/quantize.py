@@ -28,7 +28,9 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
             nodes.append(n)
             continue
         w = n.weights[0]
-        if q.bits == 8:
+        if q.mode == "fp8":
+            quant = (("bits", 8), ("dtype", q.weight_dtype))
+        elif q.bits == 8:
             quant = (("bits", 8),)
         else:
             quant = (("bits", 4), ("group_size", effective_group_size(w.shape[1], q.group_size)),
