@@ -92,8 +92,9 @@ FP8_WEIGHT_MIN_SQNR_DB = 28.0
 FP8_LAYER_MIN_SQNR_DB = 24.0
 # fp8 engine vs HF running the same fake-quantized weights and activations (pre-hooks):
 # the activation rounding is a step function, so a last-bit fp32 difference upstream can
-# move a value to the neighbouring E4M3 code (2^-4 relative); the logits then differ by
-# a few such flips, far less than the quantization error itself (measured ~1e-3 of max|HF|).
-FP8_FAKE_QUANT_LOGITS_RTOL = 2e-2
+# move a value to the neighbouring E4M3 code (2^-4 relative of that one value); a few such
+# flips stay far below this (measured on the tiny models: <= 4e-7 of max|HF|, no flip,
+# while the quantization itself moves the logits by ~0.1 of max|HF|).
+FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
 # SmolLM2 perplexity of the fp8 engine relative to the fp32 engine (issue 3: <= +2%).
 FP8_PPL_REL = 0.02

@@ -53,6 +53,11 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    w[n, k] = scales[n, k/G] * codes[n, k] + offsets[n, k/G];
                    y = sum over groups g of scales[:, g] * (x_g @ codes_g.T) + offsets[:, g] *
                    sum(x_g) (+ bias): per group one integer-code dot product and one row sum
+    linear_fp8@1   ins [x]; outs [y]; weights [codes (float8_e4m3 panel16 [N, K]), scales (f32
+                   row_major [N]), input_scale (f32 [1]: s_x, static, calibrated), bias?]
+                   y = (e4m3(x / s_x) @ e4m3_decode(codes).T) * s_x * scales (+ bias); e4m3()
+                   rounds to nearest even on the OCP E4M3FN grid and saturates at +-448
+                   (quantization/fp8.py); fp32 accumulation of exact E4M3 products
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];
