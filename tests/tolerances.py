@@ -100,6 +100,6 @@ FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
 # <= +2%; this build misses it: E4M3 per-channel weights alone cost +2.7% on the CI protocol
 # (HF with fake-quantized weights, 2048 tokens, windows of 512; E4M3 weight SQNR 31.6 dB vs
 # int8's 41-42 dB, a property of its 3 mantissa bits, not of the kernel). The CI bound is the
-# regression guard at what is reached, not the target.
+# regression guard at what is reached (+4.42% measured: 19.3235 vs 18.5063), not the target.
 FP8_PPL_REL_TARGET = 0.02
 FP8_PPL_REL_CI = 0.05
