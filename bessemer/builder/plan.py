@@ -61,6 +61,11 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    q[n, k]) * (a / 127) * w_scales[n] (+ bias): int32 accumulation (VNNI
                    vpdpbusd with activations shifted by +128, minus 128 * wsum[n]; AVX2
                    |x| * sign(x) q, exact in int16)
+    linear_fp8@1   ins [x]; outs [y]; weights [codes (float8_e4m3 panel16 [N, K]), scales (f32
+                   row_major [N]), input_scale (f32 [1]: s_x, static, calibrated), bias?]
+                   y = (e4m3(x / s_x) @ e4m3_decode(codes).T) * s_x * scales (+ bias); e4m3()
+                   rounds to nearest even on the OCP E4M3FN grid and saturates at +-448
+                   (quantization/fp8.py); fp32 accumulation of exact E4M3 products
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];

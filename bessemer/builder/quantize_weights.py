@@ -35,6 +35,11 @@ class CalibrationResult:
         module = spec.parts[0].rsplit(".", 1)[0]
         return self.stats[input_key(module)]["hessian"]
 
+    def input_amax_for(self, spec) -> float | None:
+        """max |x| over the calibration rows of the weight's input (FP8 activation scale)."""
+        module = spec.parts[0].rsplit(".", 1)[0]
+        return float(self.stats[input_key(module)]["abs_max"].max())
+
 
 def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     from bessemer.quantization.awq import awq_transforms
@@ -43,7 +48,8 @@ def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, cfg, quant, spec, say)
-    stats = collect(ckpt.dir, spec, say)
+    # only GPTQ needs the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
+    stats = collect(ckpt.dir, spec, say, hessian=quant.algorithm == "gptq")
     result = CalibrationResult(stats, quant.algorithm, quant.act_order,
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
@@ -130,3 +136,22 @@ def quantize_weight(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = No
                     act_order: bool = False) -> tuple[dict[str, np.ndarray], dict]:
     """w: (N, K) fp32. Returns ({role: packed array}, {"sqnr_db": ..., ...})."""
     return pack_quantized(w, *quantize_codes(w, quant, hessian, act_order), quant)
+
+
+def quantize_fp8_weight(rows: np.ndarray, input_amax: float | None, c0: int = 0,
+                        c1: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """FP8: whole rows (N, K_full) -> stored parts of columns [c0, c1) (a tensor-parallel K
+    shard keeps the scales of the full rows) plus the static scale of the input, from the
+    calibrated max |x|; and the SQNR of what is stored."""
+    from bessemer.quantization import fp8
+
+    if input_amax is None:
+        raise ValueError("fp8 needs the calibrated max |x| of the weight's input")
+    codes, scale = fp8.quantize_fp8_per_channel(rows)
+    codes, w = codes[:, c0:c1], rows[:, c0:c1]
+    x_scale = fp8.activation_scale(input_amax)
+    parts = {"codes": pack_panel16(codes), "scales": scale, "input_scale": np.array([x_scale], np.float32)}
+    stats = {"sqnr_db": round(prim.sqnr_db(w, fp8.dequantize_fp8_per_channel(codes, scale)), 2),
+             "bits": 8, "dtype": "float8_e4m3", "input_amax": float(np.float32(input_amax)),
+             "input_scale": float(x_scale)}
+    return parts, stats

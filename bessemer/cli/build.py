@@ -42,7 +42,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
 @click.option("--tp", "tp_size", type=int, help="Tensor-parallel ranks: one rank file each, run as that many processes. [default: 1]")
 @click.option("--workers", type=int, help="Build this many ranks at once, each in its own process. [default: 1]")
-@click.option("--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq. [default: none]")
+@click.option("--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq | fp8. [default: none]")
 @click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
 @click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "

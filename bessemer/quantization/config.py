@@ -19,9 +19,14 @@ MODES = {
     "w4a16-gptq": (4, "gptq"),
     # int8 activations too (per token, quantized inside the kernel), SmoothQuant factors
     "w8a8-sq": (8, "smoothquant"),
+    # E4M3 weights (per-channel scales) and E4M3 activations with a static per-tensor
+    # scale per linear input, from the calibrated max |x| ("max" calibration)
+    "fp8": (8, "max"),
 }
-CALIBRATED = ("awq", "gptq", "smoothquant")
-PLANNED_MODES = ("fp8",)
+CALIBRATED = ("awq", "gptq", "smoothquant", "max")
+# weight storage dtype of each mode's codes (engine_format.DTYPE_IDS names)
+WEIGHT_DTYPES = {"fp8": "float8_e4m3"}
+PLANNED_MODES: tuple[str, ...] = ()
 # Where activation statistics come from: our torch hooks, or nvidia-modelopt's INT8
 # SmoothQuant calibration ("auto": modelopt when it is installed, else native).
 CALIB_BACKENDS = ("auto", "native", "modelopt")
@@ -59,7 +64,7 @@ class QuantConfig:
         if self.bits == 4 and self.group_size not in GROUP_SIZES:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
-            raise InvalidOptionError("--zero-point applies to 4-bit modes only; w8a16 is symmetric per channel")
+            raise InvalidOptionError(f"--zero-point applies to 4-bit modes only; {self.mode} is symmetric per channel")
         if self.algorithm in CALIBRATED and not self.calib_data:
             raise InvalidOptionError(f"--quant {self.mode} needs calibration text: pass --calib-data FILE")
         if self.act_order and self.algorithm != "gptq":
@@ -93,6 +98,10 @@ class QuantConfig:
         return 8 if self.algorithm == "smoothquant" else 16
 
     @property
+    def weight_dtype(self) -> str:
+        return WEIGHT_DTYPES.get(self.mode, f"int{self.bits}")
+
+    @property
     def needs_calibration(self) -> bool:
         return self.algorithm in CALIBRATED
 
@@ -101,6 +110,11 @@ class QuantConfig:
         d["exclude_modules"] = list(self.exclude_modules)
         d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="float32",
                  granularity="per_channel" if self.bits == 8 else "per_group")
+        d["weight_dtype"] = self.weight_dtype
+        if self.mode == "fp8":  # static activation scales: one per linear input, in the rank file
+            d.update(activation_dtype="float8_e4m3", activation_granularity="per_tensor",
+                     activation_scales="static: calibrated max|x| / 448 (tensor <weight>.input_scale)",
+                     weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
         if self.bits == 8:
             d.pop("group_size")
         if self.act_bits == 8:

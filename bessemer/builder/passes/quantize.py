@@ -35,6 +35,8 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
         if q.act_bits == 8:
             smooth = q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
             quant = (("bits", 8), ("act_bits", 8), ("smooth", smooth))
+        elif q.mode == "fp8":
+            quant = (("bits", 8), ("dtype", q.weight_dtype))
         elif q.bits == 8:
             quant = (("bits", 8),)
         else:

@@ -20,6 +20,7 @@ BESSEMER_KERNEL(attention)
 BESSEMER_KERNEL(embedding)
 BESSEMER_KERNEL(gather_rows)
 BESSEMER_KERNEL(linear)
+BESSEMER_KERNEL(linear_fp8)
 BESSEMER_KERNEL(linear_w4a16)
 BESSEMER_KERNEL(linear_w8a16)
 BESSEMER_KERNEL(linear_w8a8)
@@ -58,5 +59,14 @@ void linear_w8a8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const
                       const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 void linear_w8a8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const float* ws, const int32_t* wsum,
                         const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+
+// FP8 (linear_fp8.cpp, linear_fp8_avx512.cpp): codes E4M3 panel16 [N, K], scales [N], xs the
+// static activation scale: y = (e4m3(x / xs) @ decode(codes)^T) * xs * scales. The AVX-512
+// kernel needs AVX512_BF16 (linear_fp8_avx512_bf16_available()).
+void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
+                     int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
+                       int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+bool linear_fp8_avx512_bf16_available();
 
 }  // namespace bessemer

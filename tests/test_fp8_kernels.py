@@ -1,0 +1,142 @@
+"""linear_fp8@1 run through bessemer._C against quantization/fp8.py.
+
+Single-op rank files as in test_quant_kernels.py (an f32 embedding feeds the activations,
+then the fp8 linear); the reference is fp8.linear_fp8_reference in float64, the same math
+(E4M3 values and their products are exact), so only the fp32 summation order differs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tolerances as tol  # noqa: E402
+from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step  # noqa: E402
+from test_quant_kernels import entry, executor, f32_entry, write, zeros_entry  # noqa: E402
+
+from bessemer import _C  # noqa: E402
+from bessemer.builder.engine_format import pack_panel16  # noqa: E402
+from bessemer.quantization import fp8  # noqa: E402
+from bessemer.quantization.primitives import sqnr_db  # noqa: E402
+
+V = 50  # embedding rows (activation rows are picked from them)
+
+
+def fp8_plan(N, K, bias, x_col=3, y_col=2):
+    ws = ["q", "s", "xs"] + (["b"] if bias else [])
+    lin = step("linear_fp8", [[0, x_col, K]], [[1, y_col, N]], ws)
+    return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
+                     [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
+
+
+def fp8_entries(codes, scale, x_scale):
+    return [entry("q", "float8_e4m3", "panel16", codes.shape, pack_panel16(codes)), f32_entry("s", scale),
+            f32_entry("xs", np.array([x_scale], np.float32))]
+
+
+def run_fp8(tmp_path, W, table, tokens, isa, threads, bias=None, x_scale=None):
+    N, K = W.shape
+    codes, scale = fp8.quantize_fp8_per_channel(W)
+    if x_scale is None:
+        x_scale = fp8.activation_scale(np.abs(table[tokens]).max())
+    ents = [f32_entry("emb", table)] + fp8_entries(codes, scale, x_scale) + \
+        ([f32_entry("b", bias)] if bias is not None else [])
+    path = write(tmp_path / "fp8.engine", fp8_plan(N, K, bias is not None), ents)
+    out = run_flat(executor(path, isa, threads), tokens)
+    return out, fp8.linear_fp8_reference(table[tokens], codes, scale, x_scale, bias)
+
+
+CASES = [  # M, N, K, bias, threads
+    (1, 40, 96, False, 1), (1, 40, 96, True, 2), (3, 40, 97, True, 2), (5, 48, 64, False, 2),
+    (17, 40, 96, False, 2), (130, 40, 96, True, 2), (8, 200, 1100, True, 2), (40, 100, 1031, False, 2),
+    (2, 33, 5, True, 2), (130, 300, 64, False, 1), (9, 1, 3, True, 1), (1, 576, 1536, False, 2),
+    (3, 64, 7000, True, 2),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("M,N,K,bias,threads", CASES)
+def test_linear_fp8(tmp_path, isa, M, N, K, bias, threads):
+    rng = np.random.default_rng(M * 1000 + N + K)
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    table[:, rng.integers(0, K, 3)] *= 20.0  # outlier channels, as in LLM activations
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    tokens = rng.integers(0, min(V, N), M)
+    # a scale below the calibrated one: some activations saturate at +-448
+    out, ref = run_fp8(tmp_path, W, table, tokens, isa, threads, b,
+                       x_scale=fp8.activation_scale(0.5 * np.abs(table[tokens]).max()))
+    assert_close(out, ref, tol.FP8_LINEAR_RTOL, tol.FP8_LINEAR_ATOL, "linear_fp8")
+
+
+def test_activation_rounding_is_exact(tmp_path):
+    """One-hot weights (code 0x38 = 1.0, scale 1) expose the kernel's quantized activations:
+    every value, including subnormals, ties and saturated ones, equals round_to_e4m3."""
+    K = 20  # vector body and a tail
+    grid = fp8.decode_e4m3(np.arange(0x7F, dtype=np.uint8))
+    mids = (grid[:-1] + grid[1:]) / 2  # ties: round to the even code
+    vals = np.concatenate([grid, mids, -mids, [500.0, -1e6, 2.0 ** -10, 3 * 2.0 ** -11, 447.9]]).astype(np.float32)
+    rng = np.random.default_rng(0)
+    vals = np.concatenate([vals, rng.standard_normal(K * 8 - len(vals) % K).astype(np.float32) * 30])
+    table = vals[: len(vals) // K * K].reshape(-1, K)
+    R = len(table)  # output n copies input column n % K (N = R, so every row is a token)
+    codes = np.zeros((R, K), np.uint8)
+    codes[np.arange(R), np.arange(R) % K] = 0x38
+    ents = [f32_entry("emb", table)] + fp8_entries(codes, np.ones(R, np.float32), 1.0)
+    path = write(tmp_path / "eye.engine", fp8_plan(R, K, False), ents)
+    for isa in ISAS:
+        out = run_flat(executor(path, isa, 1), np.arange(R))
+        np.testing.assert_array_equal(out[:, :K], fp8.round_to_e4m3(table), err_msg=isa)
+
+
+def test_weight_decoding_is_exact(tmp_path):
+    """Each of the 254 finite codes decodes to its value (identity activations)."""
+    codes = np.arange(256, dtype=np.uint8)
+    codes = codes[~np.isin(codes, fp8.NAN_CODES)].reshape(127, 2)  # N = 127 rows, K = 2
+    table = np.eye(2, dtype=np.float32)
+    ents = [f32_entry("emb", table)] + fp8_entries(codes, np.ones(127, np.float32), 1.0)
+    path = write(tmp_path / "codes.engine", fp8_plan(127, 2, False), ents)
+    for isa in ISAS:
+        out = run_flat(executor(path, isa, 1), np.arange(2))
+        np.testing.assert_array_equal(out, fp8.decode_e4m3(codes).T, err_msg=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_fp8_sqnr_vs_fp32(tmp_path, isa):
+    rng = np.random.default_rng(11)
+    M, N, K = 17, 96, 512
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    tokens = rng.integers(0, V, M)
+    out, _ = run_fp8(tmp_path, W, table, tokens, isa, 2)
+    assert sqnr_db(table[tokens].astype(np.float64) @ W.astype(np.float64).T, out) >= tol.FP8_LAYER_MIN_SQNR_DB
+
+
+def test_fp8_errors(tmp_path):
+    N, K = 40, 96
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    q = zeros_entry("q", "float8_e4m3", "panel16", (N, K))
+    s = zeros_entry("s", "float32", "row_major", (N,))
+    xs = f32_entry("xs", np.array([0.5], np.float32))
+
+    def load_err(plan, ents, match):
+        path = write(tmp_path / "err.engine", plan, ents)
+        f = _C.EngineFile(str(path))
+        hdr = json.loads(f.header)
+        with pytest.raises(ValueError, match=match):
+            _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)
+
+    plan = fp8_plan(N, K, False)
+    load_err(plan, [emb, zeros_entry("q", "int8", "panel16", (N, K)), s, xs], "weight q: dtype int8 not supported")
+    load_err(plan, [emb, zeros_entry("q", "float8_e4m3", "row_major", (N, K)), s, xs], "weight q: layout row_major")
+    load_err(plan, [emb, q, zeros_entry("s", "float32", "row_major", (N + 1,)), xs], r"weight s: shape \[41\]")
+    load_err(plan, [emb, q, s, f32_entry("xs", np.array([1.0, 2.0], np.float32))], r"weight xs: shape \[2\]")
+    for bad in (0.0, -1.0, np.inf):
+        load_err(plan, [emb, q, s, f32_entry("xs", np.array([bad], np.float32))], "input_scale must be a positive")
+    load_err(fp8_plan(N, K, True), [emb, q, s, xs, zeros_entry("b", "float32", "row_major", (N - 1,))],
+             "weight b: shape")
