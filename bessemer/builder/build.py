@@ -82,7 +82,9 @@ class WeightSource:
             if not spec.quant:
                 return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
-                hessian = self.calibration.hessian_for(spec) if self.calibration else None
+                # GPTQ chooses 4-bit codes only (an int8 lm_head is round to nearest)
+                four_bit = dict(spec.quant)["bits"] == 4
+                hessian = self.calibration.hessian_for(spec) if self.calibration and four_bit else None
                 act_order = bool(self.calibration and self.calibration.act_order)
                 parts, stats = quantize_weight(self.fp32(spec), spec.quant, hessian, act_order)
                 self.quant_stats[spec.source] = stats

@@ -15,6 +15,7 @@ const KernelDef kKernels[] = {
     {"add_rms_norm", 1, prepare_add_rms_norm, run_add_rms_norm},
     {"attention", 1, prepare_attention, run_attention},
     {"embedding", 1, prepare_embedding, run_embedding},
+    {"embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
     {"gather_rows", 1, prepare_gather_rows, run_gather_rows},
     {"linear", 1, prepare_linear, run_linear},
     {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
