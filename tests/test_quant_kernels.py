@@ -246,3 +246,41 @@ def test_panel16_int4_tensor_checks(tmp_path):
         t[1][key] = val
         with pytest.raises(ValueError, match=match):
             _C.Executor(f, t, hdr["plan"], 1, 16, 1)
+
+
+# ---------------------------------------------------------------- int8 table shared by embedding and lm_head
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("Vt,H,T,threads", [(50, 96, 7, 1), (37, 40, 300, 2), (16, 24, 3, 2)])
+def test_embedding_w8a16_tied_table(tmp_path, isa, Vt, H, T, threads):
+    """embedding_w8a16 gathers dequantized rows of the int8 panel16 table that
+    linear_w8a16 reads as lm_head (one stored table, as in a tied quantized engine):
+    rows bit-identical to dequantize_int8_per_channel, logits as x @ dequantized.T."""
+    rng = np.random.default_rng(Vt * 100 + H + T)
+    W = rng.standard_normal((Vt, H)).astype(np.float32)
+    ents, Wd = w8_entries(W)  # "q", "s"
+    emb = step("embedding_w8a16", outs=[[0, 1, H]], weights=["q", "s"])
+    lin = step("linear_w8a16", [[0, 1, H]], [[1, 0, Vt]], ["q", "s"])
+    plan = make_plan([(H + 2, "tokens"), (Vt, "tokens")], [emb, lin], [1, 0, Vt], Vt)
+    path = write(tmp_path / "tied.engine", plan, ents)
+    tokens = rng.integers(0, Vt, T)
+    out = run_flat(executor(path, isa, threads), tokens)
+    ref = Wd[tokens].astype(np.float64) @ Wd.astype(np.float64).T
+    assert_close(out, ref, tol.W8_LINEAR_RTOL, tol.W8_LINEAR_ATOL, "embedding_w8a16 -> linear_w8a16")
+    # the gathered rows themselves, as the logits of a plan of the embedding alone (H >= Vt)
+    plan_rows = make_plan([(H + 2, "tokens")], [emb], [0, 1, H], H)
+    rows = run_flat(executor(write(tmp_path / "rows.engine", plan_rows, ents), isa, threads), tokens)
+    np.testing.assert_array_equal(rows, Wd[tokens])
+
+
+def test_embedding_w8a16_errors(tmp_path):
+    H = 96
+    q = zeros_entry("q", "int8", "panel16", (V, H))
+    emb = step("embedding_w8a16", outs=[[0, 0, H]], weights=["q", "s"])
+    plan = make_plan([(H, "tokens")], [emb], [0, 0, H], H)
+    _load_err(tmp_path, plan, [q, zeros_entry("s", "float32", "row_major", (V + 1,))],
+              r"embedding_w8a16@1: weight s: shape \[51\], expected \[50\]")
+    _load_err(tmp_path, plan, [zeros_entry("q", "float32", "panel16", (V, H)), zeros_entry("s", "float32", "row_major", (V,))],
+              "weight q: dtype float32 not supported")
+    _load_err(tmp_path, make_plan([(H, "tokens")], [step("embedding_w8a16", outs=[[0, 0, H]], weights=["q"])],
+                                  [0, 0, H], H), [q], "expects 2 weights, got 1")

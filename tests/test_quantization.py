@@ -65,16 +65,23 @@ def test_bad_quant_options():
         QuantConfig("w3a16")
 
 
+def _C_header(engine) -> str:
+    from bessemer import _C
+
+    return _C.EngineFile(str(engine / "rank0.engine")).header
+
+
 def _fake_quantize_hf(model, quant: QuantConfig):
     """HF model whose quantized linears hold dequantize(quantize(w)) (same primitives)."""
     import torch
 
     with torch.no_grad():
         for name, mod in model.named_modules():
-            if not isinstance(mod, torch.nn.Linear) or name in ("lm_head",):
+            if not isinstance(mod, torch.nn.Linear) or (name == "lm_head" and quant.lm_head == "none"):
                 continue
+            # a tied lm_head shares its Parameter with the embedding: both see the int8 table
             w = mod.weight.detach().numpy().astype(np.float32)
-            if quant.bits == 8:
+            if quant.bits == 8 or name == "lm_head":
                 approx = prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w))
             else:
                 g = prim.effective_group_size(w.shape[1], quant.group_size)
@@ -84,10 +91,14 @@ def _fake_quantize_hf(model, quant: QuantConfig):
     return model
 
 
-@pytest.mark.parametrize("quant", [QuantConfig("w8a16"), QuantConfig("w4a16", group_size=32),
-                                   QuantConfig("w4a16", group_size=64, zero_point=True)],
-                         ids=["w8a16", "w4a16-g32", "w4a16-g64-zp"])
-@pytest.mark.parametrize("kind", ["llama-untied", "qwen2"])
+QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantConfig("w4a16", group_size=32)),
+               ("qwen2", QuantConfig("w8a16")), ("qwen2", QuantConfig("w4a16", group_size=64, zero_point=True)),
+               ("llama-tied", QuantConfig("w8a16")), ("llama-tied", QuantConfig("w4a16", group_size=32)),
+               ("llama-tied", QuantConfig("w4a16", group_size=64, zero_point=True, lm_head="none"))]
+
+
+@pytest.mark.parametrize("kind,quant", QUANT_CASES,
+                         ids=[f"{k}-{q.mode}-g{q.group_size}-{q.lm_head}" for k, q in QUANT_CASES])
 def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint, tmp_path):
     import copy
 
@@ -96,14 +107,19 @@ def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint
     ckpt = tiny_checkpoint(kind)
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     report = json.loads((engine / "build_report.json").read_text())
-    assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
+    # qkv, o, gate_up, down per layer, and lm_head (int8) unless lm_head="none"
+    assert len(report["quant_error"]) == 2 * 4 + (quant.lm_head == "int8")
+    plan_ops = {s["op"] for s in json.loads(_C_header(engine))["plan"]["steps"]}
+    tied_int8 = kind == "llama-tied" and quant.lm_head == "int8"
+    assert ("embedding_w8a16" in plan_ops) == tied_int8 and ("embedding" in plan_ops) != tied_int8
     from bessemer.runtime.inspect import describe, format_description
 
     text = format_description(describe(engine))
     worst = min(report["quant_error"].items(), key=lambda kv: kv[1]["sqnr_db"])
     assert f"SQNR min {worst[1]['sqnr_db']:.1f} dB" in text and worst[0] in text  # inspect shows them
     config = json.loads((engine / "config.json").read_text())
-    assert config["quant"]["mode"] == quant.mode and config["quant"]["exclude_modules"] == ["model.embed_tokens", "lm_head"]
+    assert config["quant"]["mode"] == quant.mode and config["quant"]["exclude_modules"] == ["model.embed_tokens"]
+    assert config["quant"]["lm_head"] == quant.lm_head
     hf = _fake_quantize_hf(copy.deepcopy(_hf_model(str(ckpt), "float32")), quant)
     llm = LLM(engine, num_threads=2)
     prompts = [list(range(5, 25)), [7, 8, 9]]

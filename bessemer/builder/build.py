@@ -90,7 +90,9 @@ class WeightSource:
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
 
     def _quantize(self, spec: TensorSpec) -> dict:
-        hessian = self.calibration.hessian_for(spec) if self.calibration else None
+        # GPTQ chooses 4-bit codes only (an int8 lm_head is round to nearest)
+        four_bit = dict(spec.quant)["bits"] == 4
+        hessian = self.calibration.hessian_for(spec) if self.calibration and four_bit else None
         act_order = bool(self.calibration and self.calibration.act_order)
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
         if dict(spec.quant).get("dtype") == "float8_e4m3":

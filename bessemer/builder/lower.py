@@ -21,7 +21,7 @@ from bessemer.plugins.ops import OPS
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
 # Kernels that implement a graph op for a stored format other than the op's own.
-KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_w8a8": 1, "linear_fp8": 1}
+KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_w8a8": 1, "linear_fp8": 1, "embedding_w8a16": 1}
 # Stored parts of a quantized weight besides its codes, in plan order.
 QUANT_PARTS = ("scales", "offsets", "wsum", "smooth", "input_scale")
 
@@ -89,10 +89,21 @@ def linear_kernel(ref: WeightRef) -> tuple[str, list[str], dict]:
     return "linear_w4a16", [ref.name, f"{ref.name}.scales", f"{ref.name}.offsets"], {"group_size": q["group_size"]}
 
 
+def embedding_kernel(ref: WeightRef) -> tuple[str, list[str]]:
+    """(op, weight tensor names) of the kernel that gathers rows of `ref` as stored; a
+    quantized table is the int8 one of a tied lm_head (passes/quantize.py)."""
+    if not ref.quant:
+        return "embedding", [ref.name]
+    if dict(ref.quant)["bits"] != 8:
+        raise GraphError(f"{ref.name}: the embedding reads int8 tables only, not {dict(ref.quant)['bits']}-bit")
+    return "embedding_w8a16", [ref.name, f"{ref.name}.scales"]
+
+
 def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
     """Linear weights: panel16 in the build dtype (what the GEMM/GEMV kernels read).
-    An embedding table shared with lm_head (tied) is stored once, panel16; the embedding
-    kernel gathers its rows with stride 16. Norms, biases, constants: fp32 row-major."""
+    An embedding table shared with lm_head (tied) is stored once, panel16 (int8 panel16 when
+    lm_head is quantized); the embedding kernel gathers its rows with stride 16. Norms,
+    biases, constants: fp32 row-major."""
     specs: dict[str, TensorSpec] = {}
 
     def put(ref: WeightRef, dtype: str, layout: str) -> None:
@@ -103,7 +114,7 @@ def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
         for role, ref in zip(OPS[n.op].weight_roles, n.weights):
             if ref is None:
                 continue
-            if n.op == "linear" and role == "weight" and ref.quant:
+            if n.op in ("linear", "embedding") and ref.quant:
                 for spec in quantized_specs(ref):
                     specs[spec.name] = spec
             elif n.op == "linear" and role == "weight":
@@ -207,6 +218,8 @@ def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPl
             op, names, extra = linear_kernel(n.weights[0])
             weights = names + weights[1:]
             attrs.update(extra)
+        elif n.op == "embedding":
+            op, weights = embedding_kernel(n.weights[0])
         steps.append(KernelCall(
             op=op, version=KERNEL_VERSIONS.get(op, decl.version), node=n.name, ins=ins, outs=outs,
             weights=tuple(weights), attrs={k: float(v) for k, v in attrs.items()}))

@@ -37,6 +37,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
 
     embedding@1    outs [x]; weights [table ([V, H] row_major or panel16; f32/bf16)]
                    x[t] = table[token_ids[t]]
+    embedding_w8a16@1 outs [x]; weights [q (int8 panel16 [V, H]), scales (f32 row_major [V])]
+                   x[t] = q[token_ids[t]] * scales[token_ids[t]]: the int8 table of a tied,
+                   quantized lm_head (linear_w8a16 reads the same tensors)
     rms_norm@1     ins [x]; outs [y]; weights [w]; attrs eps, weight_offset
                    y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset)
     add_rms_norm@1 ins [x, residual]; outs [y, residual_out]; weights [w]; attrs eps, weight_offset

@@ -9,7 +9,7 @@ import click
 from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "tp_size")
-QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "act_order", "calib_data",
+QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "calib_data",
                "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
 
@@ -46,8 +46,11 @@ def _load_yaml(path: str) -> dict:
 @click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
 @click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "
-              "[default: model.embed_tokens,lm_head]")
-@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text (AWQ, GPTQ, SmoothQuant).")
+              "[default: model.embed_tokens]")
+@click.option("--lm-head", type=click.Choice(["int8", "none"]),
+              help="lm_head (and a table tied to the embedding) in any quant mode: int8 per channel, or none "
+                   "(build dtype). [default: int8]")
+@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text (AWQ, GPTQ, SmoothQuant, FP8).")
 @click.option("--calib-samples", type=int, help="Calibration windows. [default: 64]")
 @click.option("--calib-seq-len", type=int, help="Tokens per calibration window. [default: 512]")
 @click.option("--smoothquant-alpha", type=float, help="w8a8-sq: migration strength alpha in [0, 1]. [default: 0.5]")
@@ -61,7 +64,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, tp_size, workers, quant,
-         group_size, zero_point, exclude_modules, calib_data, calib_samples, calib_seq_len, smoothquant_alpha,
+         group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len, smoothquant_alpha,
          calib_backend, o_proj_smoothing, act_order, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     from bessemer.builder.build import build_engine
@@ -73,7 +76,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
                  max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, tp_size=tp_size, workers=workers,
                  output=output, dump_ir=dump_ir,
-                 quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
+                 quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order, lm_head=lm_head,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)

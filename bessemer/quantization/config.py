@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 
-QUANT_CONFIG_VERSION = 1
+QUANT_CONFIG_VERSION = 2  # 2: lm_head field (int8 lm_head / tied table by default)
 # mode -> (weight bits, algorithm); names as TensorRT-LLM users know them
 MODES = {
     "w8a16": (8, "rtn"),
@@ -36,9 +36,16 @@ CALIB_BACKENDS = ("auto", "native", "modelopt")
 # context 1024, alpha 0.5): none 16.4069 vs kernel 16.4194 (fp32 16.2438): the attention
 # output has no strong outlier channels, so none, which also skips a multiply, is the default.
 O_PROJ_SMOOTHING = ("none", "kernel")
-# Embeddings are a gather (no GEMM to speed up) and lm_head decides every token: both stay
-# in the build dtype unless the user removes them from the exclusions.
-DEFAULT_EXCLUDE = ("model.embed_tokens", "lm_head")
+# An untied embedding table is a gather of one row per token (nothing to speed up): it
+# stays in the build dtype unless the user removes it from the exclusions.
+DEFAULT_EXCLUDE = ("model.embed_tokens",)
+# lm_head (the linear producing the logits) has its own scheme, whatever the mode: "int8"
+# (per output channel, the default) or "none" (build dtype). On small models it is most of
+# the bytes read per token (SmolLM2-135M: 49152 x 576, 113 MiB in fp32 = 66% of a w4a16
+# engine), and like llama.cpp (Q6_K/Q8_0 output tensor under Q4_0 bodies) it gets 8 bits
+# even in 4-bit modes, since it decides every token. A table tied to the embedding is stored
+# once, quantized; the embedding then gathers and dequantizes its rows (embedding_w8a16).
+LM_HEAD_SCHEMES = ("int8", "none")
 GROUP_SIZES = (32, 64, 128)
 
 
@@ -48,6 +55,7 @@ class QuantConfig:
     group_size: int = 128  # int4 only; see primitives.effective_group_size for K it doesn't divide
     zero_point: bool = False  # int4 only: asymmetric codes
     exclude_modules: tuple[str, ...] = DEFAULT_EXCLUDE  # fnmatch patterns on HF module paths
+    lm_head: str = "int8"  # LM_HEAD_SCHEMES; an exclusion matching "lm_head" wins
     act_order: bool = False  # GPTQ: quantize columns by decreasing Hessian diagonal
     calib_data: str | None = None  # plain-text file (AWQ and GPTQ)
     calib_samples: int = 64
@@ -81,6 +89,8 @@ class QuantConfig:
         if self.o_proj_smoothing not in O_PROJ_SMOOTHING:
             raise InvalidOptionError(f"--smoothquant-o-proj must be one of {', '.join(O_PROJ_SMOOTHING)}, "
                                      f"got {self.o_proj_smoothing!r}")
+        if self.lm_head not in LM_HEAD_SCHEMES:
+            raise InvalidOptionError(f"--lm-head must be one of {', '.join(LM_HEAD_SCHEMES)}, got {self.lm_head!r}")
         if self.calib_samples <= 0 or self.calib_seq_len < 2:
             raise InvalidOptionError("--calib-samples must be positive and --calib-seq-len at least 2")
 

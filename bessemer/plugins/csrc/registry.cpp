@@ -17,6 +17,7 @@ const KernelDef kKernels[] = {
     {"all_reduce", 1, prepare_all_reduce, run_all_reduce},
     {"attention", 1, prepare_attention, run_attention},
     {"embedding", 1, prepare_embedding, run_embedding},
+    {"embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
     {"gather_rows", 1, prepare_gather_rows, run_gather_rows},
     {"linear", 1, prepare_linear, run_linear},
     {"linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},

@@ -312,7 +312,7 @@ void Executor::load_plan(const py::dict& plan) {
             max_group_ = std::max<int>(max_group_, int(c.iv[1] / c.iv[2]));
         }
         if (c.op == "all_reduce" || c.op == "all_gather") needs_comm_ = true;
-        if (c.op == "embedding") token_limit_ = std::min<int64_t>(token_limit_, c.iv[0]);
+        if (c.op == "embedding" || c.op == "embedding_w8a16") token_limit_ = std::min<int64_t>(token_limit_, c.iv[0]);
         calls_.push_back(std::move(c));
         defs_.push_back(def);
     }
