@@ -79,7 +79,8 @@ def test_w8a8_sq_engine_matches_unfused_hf(tiny_sq, tmp_path, monkeypatch, o_pro
 
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     quant = QuantConfig("w8a8-sq", calib_data=str(WIKITEXT), calib_samples=8, calib_seq_len=64,
-                        calib_backend="native", o_proj_smoothing=o_proj, smoothquant_alpha=0.5)
+                        calib_backend="native", o_proj_smoothing=o_proj, smoothquant_alpha=0.5,
+                        lm_head="none")  # the oracle below runs lm_head in fp32; int8 lm_head: test_quantization
     engine = build_engine(tiny_sq, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     config = json.loads((engine / "config.json").read_text())
     assert config["quant"]["mode"] == "w8a8-sq" and config["quant"]["calib_backend"] == "native"
