@@ -8,7 +8,7 @@ import click
 
 from bessemer.cli.common import Progress, fail, user_errors
 
-OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
+OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype")
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "act_order", "calib_data",
                "calib_samples", "calib_seq_len")
 
@@ -38,6 +38,9 @@ def _load_yaml(path: str) -> dict:
 @click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
 @click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
+@click.option("--kv-cache-dtype", type=click.Choice(["float32", "bfloat16", "int8", "fp8"]),
+              help="KV cache storage; int8/fp8 (E4M3): one-byte codes with a dynamic scale per "
+              "(token, KV head). [default: --dtype]")
 @click.option("--quant", help="Weight quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq. [default: none]")
 @click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
@@ -51,7 +54,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
-def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, quant,
+def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, quant,
          group_size, zero_point, exclude_modules, calib_data, calib_samples, calib_seq_len, act_order, dump_ir,
          config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
@@ -62,7 +65,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     from bessemer.quantization.config import QuantConfig
 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
-                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, output=output, dump_ir=dump_ir,
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype, output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)
