@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attention_avx512.h"
 #include "kernels.h"
 #include "kv_codec.h"
 #include "simd_avx2.h"
@@ -67,6 +68,7 @@ constexpr int kTileMin = 8;  // sequences with fewer (rows x group) vectors use 
 
 struct AttnParams {
     int layer, H, Hkv, D, G, bs, B;
+    bool dec512;  // decode inner loops in AVX-512 (CPU has it, head_dim % 16 == 0)
     int64_t window, row_elems;
     float scale;
     const void* Kc;
@@ -324,6 +326,7 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
     float* acc = scratch + (H + 4) * ncap;                           // [H][D]
     float* mx = acc + int64_t(H) * D;                                // [H]
     float* sum = mx + H;                                             // [H]
+    float* kmul = sum + H;                                           // [Hkv][8]
     if (n <= 0) {
         for (int h = 0; h < H; ++h) {
             float* pp = partial + h * (D + 2);
@@ -354,6 +357,14 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
         for (int u = 0; u < 8 && i0 + kPfKeys + u < n; ++u) {
             const char* kp = reinterpret_cast<const char*>(Kc + offs[i0 + kPfKeys + u]);
             for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(kp + b, _MM_HINT_T0);
+        }
+        if (P.dec512) {
+            for (int kvh = 0; kvh < Hkv; ++kvh)
+                for (int u = 0; u < 8; ++u)
+                    kmul[kvh * 8 + u] = kv::coded<KV>() ? P.Ks[slot[i0 + u] + kvh] * (P.scale * kv::value_mul<KV>())
+                                                        : P.scale;
+            attn_dec_scores8_avx512(KV, Kc, ko, P.q + t * P.ldq, H, Hkv, D, kmul, sc + i0, ncap);
+            continue;
         }
         for (int kvh = 0; kvh < Hkv; ++kvh) {
             const E* Kk = Kc + int64_t(kvh) * D;
@@ -428,7 +439,10 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
             for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(vp + b, _MM_HINT_T0);
         }
         for (int h = 0; h < H; ++h)
-            pv_block<KV>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
+            if (P.dec512)
+                attn_dec_pv_avx512(KV, Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
+            else
+                pv_block<KV>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
     }
     for (int h = 0; h < H; ++h) {
         const float* ah = acc + h * D;
@@ -458,6 +472,7 @@ void attend(const KernelCall& c, const StepContext& ctx) {
     P.bs = ctx.block_size;
     P.B = ctx.B;
     P.row_elems = int64_t(P.Hkv) * P.D;
+    P.dec512 = ctx.isa == Isa::AVX512 && P.D % 16 == 0;
     P.Kc = ctx.k_cache[P.layer];
     P.Vc = ctx.v_cache[P.layer];
     P.Ks = kv::coded<KV>() ? ctx.k_scale[P.layer] : nullptr;
@@ -585,7 +600,7 @@ void attend(const KernelCall& c, const StepContext& ctx) {
 int64_t attention_scratch_floats(int64_t max_ctx, int max_heads, int head_dim) {
     const int64_t tile = int64_t(head_dim) * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * head_dim + 64;
     const int64_t ncap = (max_ctx + 15) / 16 * 16 + 32;
-    const int64_t dec = (max_heads + 4) * ncap + int64_t(max_heads) * (head_dim + 2) + 64;
+    const int64_t dec = (max_heads + 4) * ncap + int64_t(max_heads) * (head_dim + 10) + 64;
     return std::max(tile, dec);
 }
 
