@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
 
 from bessemer import _C  # noqa: E402
+from bessemer.plugins import ops  # noqa: E402
 from bessemer.quantization import kv_cache as kvq  # noqa: E402
 from bessemer.quantization.kv_cache import kv_bytes_per_token  # noqa: E402
 from bessemer.builder.engine_format import (  # noqa: E402
@@ -489,6 +490,15 @@ class AttnCase:
                         dst[t + i, h] = (e / e.sum()) @ Vx[:, h // G]
             t += n
         ref, ref_q = ref.reshape(T, H * D), ref_q.reshape(T, H * D)
+        if self.kv_dtype in KVQ_NAME:  # the op's reference with the cache write's quantization agrees
+            s, p0, n = rows[-1]
+            p = p0 + n - 1
+            lo = max(0, p - self.window + 1) if self.window else 0
+            K = np.stack([self.hist[s][j][0] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            Vv = np.stack([self.hist[s][j][1] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            op_ref = ops.ref_attention(x[T - 1: T, : H * D], K, Vv, np.array([p]), np.arange(lo, p + 1), H, Hkv, D,
+                                       self.scale, self.window, kv_dtype=KVQ_NAME[self.kv_dtype])
+            np.testing.assert_allclose(op_ref[0], ref_q[T - 1], rtol=0, atol=1e-5)
         if self.kv_dtype == "float32":
             assert_close(out, ref, tol.ATTN_FP32_RTOL, tol.ATTN_FP32_ATOL, "attention fp32")
         else:
