@@ -184,3 +184,23 @@ def test_smollm2_perplexity_with_quantized_kv(smollm2_dir, tmp_path):
         ppl[kind] = perplexity(llm.score, windows(ids, 512, 2048)).perplexity
     assert ppl["int8"] <= ppl[None] * (1 + KVQ_INT8_PPL_REL), ppl
     assert ppl["fp8"] <= ppl[None] * (1 + KVQ_FP8_PPL_REL), ppl
+
+
+def test_cli_kv_cache_dtype(tiny_checkpoint, tmp_path):
+    import subprocess
+
+    ckpt = tiny_checkpoint("llama-untied")
+    out = tmp_path / "engine"
+    proc = subprocess.run(["build-engine", str(ckpt), "--output", str(out), "--kv-cache-dtype", "fp8", "-q"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["build"]["kv_cache_dtype"] == "fp8"
+    info = subprocess.run(["bessemer", "inspect", str(out)], capture_output=True, text=True, timeout=600)
+    assert "kv cache fp8" in info.stdout, info.stdout
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("kv_cache_dtype: int4\n")
+    bad = subprocess.run(["build-engine", str(ckpt), "--output", str(tmp_path / "bad"), "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=600)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(errors) == 1, bad.stderr
+    assert "--kv-cache-dtype" in errors[0] and "int8" in errors[0] and not (tmp_path / "bad").exists()

@@ -65,7 +65,8 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     from bessemer.quantization.config import QuantConfig
 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
-                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype, output=output, dump_ir=dump_ir,
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
+                 output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)
