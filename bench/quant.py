@@ -5,7 +5,12 @@ calibrated mode), perplexity on WikiText-2 by the `bessemer eval` protocol, then
 at batch 1 (128 new tokens, EOS ignored) and prefill tok/s (one 512-token prompt), medians
 of --repeats with the modes interleaved.
 
-    python bench/quant.py --model DIR [--modes fp32,w8a16,...] [--max-tokens 8192] [--out bench/results]
+With --kv-dtypes float,int8,fp8 every mode is also built with that KV cache (rows
+"MODE+kv-int8"), and --long-context N adds decode tok/s after an N-token prompt (the regime
+where the KV cache is read most) and the KV bytes per token.
+
+    python bench/quant.py --model DIR [--modes fp32,w8a16,...] [--kv-dtypes float,int8,fp8]
+        [--long-context 2048] [--max-tokens 8192] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ MODES = {  # name -> (dtype, quant config or None)
     "w8a8-sq-a0.8": ("float32", dict(mode="w8a8-sq", calib_backend="native", smoothquant_alpha=0.8)),
     "fp8": ("float32", dict(mode="fp8")),
 }
-CALIBRATED = ("awq", "gptq", "fp8")
 
 
 def calib_text(folder: Path) -> Path:
@@ -64,23 +68,30 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--calib-samples", type=int, default=32)
+    ap.add_argument("--kv-dtypes", default="float", help="KV caches per mode: float (the mode's dtype), "
+                    "float32, bfloat16, int8, fp8")
+    ap.add_argument("--long-context", type=int, default=0, help="Also time decode after a prompt this long.")
     ap.add_argument("--engines", type=Path, default=Path("engines/quant"))
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args()
-    names = args.modes.split(",")
+    kv_dtypes = args.kv_dtypes.split(",")
+    names = [m if kv == "float" else f"{m}+kv-{kv}" for m in args.modes.split(",") for kv in kv_dtypes]
     rows: dict[str, dict] = {}
     llms: dict[str, LLM] = {}
     for name in names:
-        dtype, q = MODES[name]
+        mode, _, kv = name.partition("+kv-")
+        dtype, q = MODES[mode]
         calib = calib_text(args.engines)  # held out from the scored tokens
-        quant = QuantConfig(**q, calib_data=str(calib), calib_samples=args.calib_samples) if q and \
-            q["mode"].endswith(CALIBRATED) else (QuantConfig(**q) if q else None)
+        # every calibrated mode (AWQ, GPTQ, SmoothQuant, fp8) sees the same held-out text
+        quant = QuantConfig(**q, calib_data=str(calib), calib_samples=args.calib_samples) if q else None
         t = time.perf_counter()
-        out = build_engine(args.model, args.engines / name, BuildConfig(dtype=args.dtype or dtype, quant=quant,
-                                                                         max_seq_len=2048))
+        out = build_engine(args.model, args.engines / name, BuildConfig(
+            dtype=args.dtype or dtype, quant=quant, kv_cache_dtype=kv or None,
+            max_seq_len=max(2048, args.long_context + 256)))
         rows[name] = {"mode": name, "build_s": round(time.perf_counter() - t, 1),
                       "engine_mib": round((out / "rank0.engine").stat().st_size / 2**20, 1)}
         llms[name] = LLM(out, num_threads=args.threads, enable_prefix_caching=False)  # measure real prefill
+        rows[name]["kv_bytes_per_token"] = llms[name].engine.kv_bytes_per_token()
         print(f"built {name}: {rows[name]}", file=sys.stderr)
 
     text = read_dataset(WIKITEXT)
@@ -93,7 +104,8 @@ def main() -> None:
     chat = tok.encode_chat([{"role": "user", "content": "Tell me a long story about a steel mill."}])
     long_prompt = tok.encode(text[:20000], add_special_tokens=False)[:512]
     greedy = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
-    runs = {n: {"decode": [], "prefill": []} for n in names}
+    runs = {n: {"decode": [], "prefill": [], "decode_long": []} for n in names}
+    ctx_prompt = tok.encode(text, add_special_tokens=False)[:args.long_context]
     for n in names:  # warm-up
         llms[n].generate([chat], SamplingParams(max_tokens=8, temperature=0))
     for rep in range(args.repeats):
@@ -103,12 +115,17 @@ def main() -> None:
             t = time.perf_counter()
             llms[n].generate([long_prompt], SamplingParams(max_tokens=1, temperature=0))
             runs[n]["prefill"].append(len(long_prompt) / (time.perf_counter() - t))
+            if args.long_context:
+                o = llms[n].generate([ctx_prompt], greedy)[0]
+                runs[n]["decode_long"].append(127 / (o.metrics["last_token_time"] - o.metrics["first_token_time"]))
         print(f"speed round {rep + 1}/{args.repeats} done", file=sys.stderr)
     base_ppl = rows.get("fp32", rows[names[0]])["ppl"]
     base = names[0] if "fp32" not in names else "fp32"
     for n in names:
         rows[n]["decode_tok_s"] = round(statistics.median(runs[n]["decode"]), 1)
         rows[n]["prefill_tok_s"] = round(statistics.median(runs[n]["prefill"]), 1)
+        if args.long_context:
+            rows[n][f"decode_tok_s_ctx{args.long_context}"] = round(statistics.median(runs[n]["decode_long"]), 1)
         rows[n]["ppl_delta_pct"] = round((rows[n]["ppl"] / base_ppl - 1) * 100, 2)
     for n in names:
         rows[n]["decode_vs_fp32"] = round(rows[n]["decode_tok_s"] / rows[base]["decode_tok_s"], 2)
@@ -117,7 +134,8 @@ def main() -> None:
     (args.out / "quant.json").write_text(json.dumps({"rows": rows, "runs": runs, "scored_tokens": sum(len(w) - 1 for w in wins),
                                                       "context_len": args.context_len, "threads": args.threads}, indent=2))
     cols = ["mode", "ppl", "ppl_delta_pct", "engine_mib", "decode_tok_s", "decode_vs_fp32", "prefill_tok_s",
-            "prefill_vs_fp32", "build_s"]
+            "prefill_vs_fp32", "build_s", "kv_bytes_per_token"] + (
+                [f"decode_tok_s_ctx{args.long_context}"] if args.long_context else [])
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for n in names:
         print("| " + " | ".join(str(rows[n][c]) for c in cols) + " |")

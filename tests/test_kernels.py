@@ -18,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
 
 from bessemer import _C  # noqa: E402
+from bessemer.plugins import ops  # noqa: E402
+from bessemer.quantization import kv_cache as kvq  # noqa: E402
+from bessemer.quantization.kv_cache import kv_bytes_per_token  # noqa: E402
 from bessemer.builder.engine_format import (  # noqa: E402
     TensorEntry,
     bfloat16_bits_to_float32,
@@ -28,6 +31,7 @@ from bessemer.builder.engine_format import (  # noqa: E402
 
 _FEATS = _C.cpu_features()
 ISAS = ["avx2"] + (["avx512"] if all(_FEATS[k] for k in ("avx512f", "avx512bw", "avx512vl")) else [])
+KVQ_NAME = {"int8": "int8", "float8_e4m3": "fp8"}  # plan dtype -> build flag
 NO_KV = {"num_layers": 0, "num_kv_heads": 1, "head_dim": 1, "dtype": "float32"}
 
 
@@ -422,12 +426,14 @@ class AttnCase:
         q, k, v = [0, 0, H * D], [0, H * D, Hkv * D], [0, (H + Hkv) * D, Hkv * D]
         steps = [emb_step([0, 0, W]), step("attention", [q, k, v], [[1, 0, H * D]], [], attrs)]
         kv = {"num_layers": 2, "num_kv_heads": Hkv, "head_dim": D, "dtype": kv_dtype}
+        if kv_dtype in KVQ_NAME:
+            kv["scales"] = "dynamic_per_token_head_float32"
         plan = make_plan([(W, "tokens"), (H * D, "tokens")], steps, [1, 0, H * D], H * D, kv)
         self.tok_limit = min(self.V, H * D)
         path = write_engine(tmp_path / "attn.engine", plan, {"emb": (self.table, "float32", "row_major")})
         self.file, self.ex = load(path, isa=isa, threads=threads, block_size=block_size, num_blocks=num_blocks)
-        esz = 2 if kv_dtype == "bfloat16" else 4
-        assert self.ex.kv_cache_bytes == 2 * 2 * num_blocks * block_size * Hkv * D * esz
+        per_token = kv_bytes_per_token(2, Hkv, D, kv_dtype)  # the runtime's accounting, scales included
+        assert self.ex.kv_cache_bytes == num_blocks * block_size * per_token
         # Disjoint, shuffled (non-contiguous) blocks per sequence.
         perm = self.rng.permutation(num_blocks)
         self.tables, used = [], 0
@@ -476,22 +482,39 @@ class AttnCase:
                 K = np.stack([self.hist[s][j][0] for j in range(lo, p + 1)])
                 Vv = np.stack([self.hist[s][j][1] for j in range(lo, p + 1)])
                 for kv_round, dst in ((False, ref), (True, ref_q)):
-                    Kx = bf16_round(K).astype(np.float64) if kv_round else K
-                    Vx = bf16_round(Vv).astype(np.float64) if kv_round else Vv
+                    Kx = self._stored(K) if kv_round else K
+                    Vx = self._stored(Vv) if kv_round else Vv
                     for h in range(H):
                         sc = self.scale * (Kx[:, h // G] @ q[t + i, h])
                         e = np.exp(sc - sc.max())
                         dst[t + i, h] = (e / e.sum()) @ Vx[:, h // G]
             t += n
         ref, ref_q = ref.reshape(T, H * D), ref_q.reshape(T, H * D)
+        if self.kv_dtype in KVQ_NAME:  # the op's reference with the cache write's quantization agrees
+            s, p0, n = rows[-1]
+            p = p0 + n - 1
+            lo = max(0, p - self.window + 1) if self.window else 0
+            K = np.stack([self.hist[s][j][0] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            Vv = np.stack([self.hist[s][j][1] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            op_ref = ops.ref_attention(x[T - 1: T, : H * D], K, Vv, np.array([p]), np.arange(lo, p + 1), H, Hkv, D,
+                                       self.scale, self.window, kv_dtype=KVQ_NAME[self.kv_dtype])
+            np.testing.assert_allclose(op_ref[0], ref_q[T - 1], rtol=0, atol=1e-5)
         if self.kv_dtype == "float32":
             assert_close(out, ref, tol.ATTN_FP32_RTOL, tol.ATTN_FP32_ATOL, "attention fp32")
         else:
-            assert_close(out, ref_q, tol.ATTN_FP32_RTOL, tol.ATTN_FP32_ATOL, "attention vs bf16-rounded ref")
+            assert_close(out, ref_q, tol.ATTN_FP32_RTOL, tol.ATTN_FP32_ATOL, f"attention vs {self.kv_dtype} ref")
             err = np.max(np.abs(out - ref))
             err_ref = np.max(np.abs(ref_q - ref))
             assert err <= tol.ATTN_BF16_ERROR_FACTOR * err_ref + tol.ATTN_FP32_ATOL, (err, err_ref)
         return out
+
+    def _stored(self, x):
+        """x: (n, Hkv, D) float64 rows as the cache gives them back (the cache write's reference)."""
+        if self.kv_dtype == "float32":
+            return x
+        if self.kv_dtype == "bfloat16":
+            return bf16_round(x).astype(np.float64)
+        return kvq.fake_quantize_kv(x.astype(np.float32), KVQ_NAME[self.kv_dtype]).astype(np.float64)
 
 
 MIXED = [[(0, 0, 5), (1, 0, 20), (2, 0, 37)],          # prefill, three sequences
@@ -506,6 +529,10 @@ MIXED = [[(0, 0, 5), (1, 0, 20), (2, 0, 37)],          # prefill, three sequence
     (6, 1, 24, 16, "float32", 1),      # MQA, head_dim not a multiple of 16
     (4, 2, 16, 16, "bfloat16", 2),     # bf16 cache
     (2, 1, 40, 32, "bfloat16", 1),
+    (4, 2, 32, 16, "int8", 2),         # one-byte caches, GQA
+    (6, 1, 24, 32, "int8", 1),         # MQA, head_dim not a multiple of 16
+    (2, 2, 16, 16, "float8_e4m3", 2),
+    (4, 2, 20, 32, "float8_e4m3", 1),  # head_dim with a tail of 4
 ])
 def test_attention_mixed(tmp_path, isa, H, Hkv, D, bs, kv_dtype, threads):
     case = AttnCase(tmp_path, isa, H, Hkv, D, block_size=bs, kv_dtype=kv_dtype, threads=threads)
@@ -524,8 +551,10 @@ def test_attention_sliding_window(tmp_path, isa, bs):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_attention_long_context(tmp_path, isa):
-    case = AttnCase(tmp_path, isa, 2, 1, 64, block_size=16, seq_max=(1100,), num_blocks=72, seed=3)
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "float8_e4m3"])
+def test_attention_long_context(tmp_path, isa, kv_dtype):
+    case = AttnCase(tmp_path, isa, 2, 1, 64, block_size=16, kv_dtype=kv_dtype, seq_max=(1100,), num_blocks=72,
+                    seed=3)
     case.step([(0, 0, 50)])
     case.step([(0, 50, 550)])   # tiles straddle 64-key blocks: some lanes see no key in a block
     case.step([(0, 600, 450)])
@@ -533,7 +562,7 @@ def test_attention_long_context(tmp_path, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8", "float8_e4m3"])
 def test_attention_long_window(tmp_path, isa, kv_dtype):
     case = AttnCase(tmp_path, isa, 4, 4, 20, window=100, block_size=32, kv_dtype=kv_dtype,
                     seq_max=(300, 300), num_blocks=40, seed=4)
@@ -551,7 +580,7 @@ def test_attention_missing_block_rejected(tmp_path):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8", "float8_e4m3"])
 def test_attention_decode_split(tmp_path, isa, threads, kv_dtype):
     """Decode rows of a long and a short sequence: few (row, KV head) units, so the key
     range is split across threads (some chunks of the short row are empty)."""

@@ -221,6 +221,13 @@ def test_tp2_equals_tp1_tiny_quantized(mode, tiny_quant_checkpoint, tmp_path):
     _compare(e1, e2, 250, mode)
 
 
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_tp2_equals_tp1_quantized_kv_cache(kv, tiny_engine):
+    # KV scales are per (token, KV head): a rank holding half the heads writes the same codes
+    opts = dict(kv_block_size=4, max_num_tokens=24, kv_cache_dtype=kv)
+    _compare(tiny_engine("llama-untied", **opts), tiny_engine("llama-untied", tp_size=2, **opts), 250, kv)
+
+
 @pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq"])
 def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
     """GPTQ and AWQ on a tiny model with SmolLM2's tokenizer (calibration needs one): one

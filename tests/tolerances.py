@@ -120,3 +120,24 @@ FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
 # regression guard at what is reached (+4.42% measured: 19.3235 vs 18.5063), not the target.
 FP8_PPL_REL_TARGET = 0.02
 FP8_PPL_REL_CI = 0.05
+
+# ---- quantized KV cache (tests/test_kv_quant.py; attention@1 kernel tests use ATTN_FP32_*
+# against the reference with fake-quantized K/V and ATTN_BF16_ERROR_FACTOR against the exact one) ----
+# Reference codecs (quantization/kv_cache.py) on Gaussian rows of 64, median SQNR per row:
+# int8 ~ 6 dB/bit minus a Gaussian's peak-to-rms (~40 dB); E4M3 ~ 3 mantissa bits (~31 dB).
+KVQ_INT8_MIN_SQNR_DB = 36.0
+KVQ_FP8_MIN_SQNR_DB = 28.0
+# Tiny engine with an int8/fp8 KV cache vs HF whose attention reads the same fake-quantized K
+# (after RoPE) and V: the codes agree except where an fp32 ulp of difference in K/V (summation
+# order of the projections, vector cos/sin) moves a value across a rounding boundary, which
+# changes that element by one quantization step.
+KVQ_LOGITS_ATOL = 1e-4
+KVQ_LOGITS_RTOL = 1e-3
+# ... and its error vs plain HF fp32 may be at most this factor times HF-with-fake-quant's.
+KVQ_ERROR_RATIO = 2.0
+# Greedy tokens may part from HF's (with the same fake quantization) only at a near-tie.
+KVQ_GREEDY_TIE_MARGIN = 0.05
+# SmolLM2 WikiText-2 perplexity, quantized KV relative to the same engine with a float32
+# KV cache: int8 the target (+0.5%), fp8 a loose bound (3 mantissa bits).
+KVQ_INT8_PPL_REL = 5e-3
+KVQ_FP8_PPL_REL = 3e-2

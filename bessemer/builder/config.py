@@ -8,6 +8,9 @@ from bessemer.errors import InvalidOptionError
 from bessemer.quantization.config import QuantConfig
 
 DTYPES = ("float32", "bfloat16")
+# KV cache element types: the float ones, or one-byte codes with dynamic per-(token, head)
+# scales (quantization/kv_cache.py).
+KV_CACHE_DTYPES = DTYPES + ("int8", "fp8")
 TARGETS = ("cpu",)
 
 
@@ -18,7 +21,7 @@ class BuildConfig:
     max_batch_size: int = 16
     max_num_tokens: int = 2048  # rows in one step (prefill chunks are cut to this)
     kv_block_size: int = 16
-    kv_cache_dtype: str | None = None
+    kv_cache_dtype: str | None = None  # None: dtype; or one of KV_CACHE_DTYPES
     target: str = "cpu"
     tp_size: int = 1
     tp_rank: int = 0  # the rank a per-rank pass builds for; set by build_engine, not serialized
@@ -28,8 +31,9 @@ class BuildConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise InvalidOptionError(f"--dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in DTYPES:
-            raise InvalidOptionError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidOptionError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use one of "
+                                     f"{', '.join(KV_CACHE_DTYPES)}")
         if self.target not in TARGETS:
             raise InvalidOptionError(f"--target {self.target!r} is not available; use one of {', '.join(TARGETS)}")
         for name in ("max_batch_size", "max_num_tokens", "kv_block_size", "tp_size"):

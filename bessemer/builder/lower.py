@@ -16,6 +16,7 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, WeightRef
 from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
 from bessemer.plugins.ops import OPS
+from bessemer.quantization.kv_cache import PLAN_DTYPE
 
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
@@ -200,6 +201,13 @@ def plan_memory(graph: Graph) -> tuple[dict[str, View], list[Buffer]]:
     return view, buffers
 
 
+def kv_cache_format(kv_dtype: str) -> dict:
+    """The plan's kv_cache element type (and, for one-byte codes, where their scales live)."""
+    if kv_dtype in PLAN_DTYPE:
+        return {"dtype": PLAN_DTYPE[kv_dtype], "scales": "dynamic_per_token_head_float32"}
+    return {"dtype": kv_dtype}
+
+
 def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:
     specs = select_storage(graph, build)
     view, buffers = plan_memory(graph)
@@ -224,6 +232,6 @@ def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPl
             op=op, version=KERNEL_VERSIONS.get(op, decl.version), node=n.name, ins=ins, outs=outs,
             weights=tuple(weights), attrs={k: float(v) for k, v in attrs.items()}))
     vocab = graph.values[graph.output].width
-    kv = dict(model_kv, dtype=build.resolved_kv_dtype)
+    kv = dict(model_kv, **kv_cache_format(build.resolved_kv_dtype))
     plan = ExecutionPlan(tuple(buffers), tuple(steps), kv, view[graph.output], vocab)
     return plan, list(specs.values())

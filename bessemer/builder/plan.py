@@ -100,7 +100,10 @@ of its buffer when that buffer has "selected" rows, or the rows named by logits_
 when it has "tokens" rows (the executor gathers them).
 
 The KV cache of each layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim]
-(K and V) in kv_cache.dtype (float32 or bfloat16), allocated by the executor.
+(K and V) in kv_cache.dtype (float32, bfloat16, int8 or float8_e4m3), allocated by the
+executor. The one-byte dtypes carry kv_cache.scales = "dynamic_per_token_head_float32": two
+more arrays [num_blocks, block_size, num_kv_heads] float32 per layer (K and V scales), set
+when attention@1 writes a row (quantization/kv_cache.py is the reference).
 """
 
 from __future__ import annotations

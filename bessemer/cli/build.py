@@ -8,7 +8,8 @@ import click
 
 from bessemer.cli.common import Progress, fail, user_errors
 
-OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "tp_size")
+OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype",
+                "tp_size")
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "calib_data",
                "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
@@ -40,6 +41,9 @@ def _load_yaml(path: str) -> dict:
 @click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
 @click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
 @click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
+@click.option("--kv-cache-dtype", type=click.Choice(["float32", "bfloat16", "int8", "fp8"]),
+              help="KV cache storage; int8/fp8 (E4M3): one-byte codes with a dynamic scale per "
+              "(token, KV head). [default: --dtype]")
 @click.option("--tp", "tp_size", type=int, help="Tensor-parallel ranks: one rank file each, run as that many processes. [default: 1]")
 @click.option("--workers", type=int, help="Build this many ranks at once, each in its own process. [default: 1]")
 @click.option("--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq | fp8. [default: none]")
@@ -63,9 +67,9 @@ def _load_yaml(path: str) -> dict:
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
-def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, tp_size, workers, quant,
-         group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len, smoothquant_alpha,
-         calib_backend, o_proj_smoothing, act_order, dump_ir, config_file, quiet):
+def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
+         workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
+         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
@@ -74,8 +78,8 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     from bessemer.quantization.config import QuantConfig
 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
-                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, tp_size=tp_size, workers=workers,
-                 output=output, dump_ir=dump_ir,
+                 max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
+                 tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order, lm_head=lm_head,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,

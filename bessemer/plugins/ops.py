@@ -166,9 +166,18 @@ def ref_rope(x, positions, inv_freq, num_heads, head_dim, rotary_dim, scaling=1.
 
 
 def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_dim, scale,
-                  sliding_window=0):
+                  sliding_window=0, kv_dtype=None):
     """Attention of one sequence. q: (Tq, Hq*D) at positions q_pos; k_all, v_all:
-    (Tk, Hkv*D) of the whole cached context at positions kv_pos."""
+    (Tk, Hkv*D) of the whole cached context at positions kv_pos. kv_dtype "int8" / "fp8":
+    K and V as a quantized cache gives them back (the cache write's reference)."""
+    if kv_dtype is not None:
+        from bessemer.quantization.kv_cache import fake_quantize_kv
+
+        def stored(x):  # x: (Tk, Hkv*D) -> per (token, head) rows through the cache
+            rows = np.asarray(x, np.float32).reshape(len(x), num_kv_heads, head_dim)
+            return fake_quantize_kv(rows, kv_dtype).reshape(len(x), -1)
+
+        k_all, v_all = stored(k_all), stored(v_all)
     tq = len(q)
     qh = q.reshape(tq, num_heads, head_dim).astype(np.float64)
     kh = k_all.reshape(len(k_all), num_kv_heads, head_dim).astype(np.float64)

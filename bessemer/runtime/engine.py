@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bessemer.builder.engine_format import sha256_file
 from bessemer.errors import EngineLoadError
+from bessemer.quantization.kv_cache import kv_bytes_per_token
 
 SUPPORTED_FORMAT_MAJOR = 1
 SUPPORTED_TARGETS = ("cpu",)
@@ -112,6 +113,6 @@ class Engine:
             raise EngineLoadError(f"{e}") from None
 
     def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token over all layers (K and V), per-(token, head) scales included."""
         kv = self.header["plan"]["kv_cache"]
-        elem = 4 if kv["dtype"] == "float32" else 2
-        return 2 * kv["num_layers"] * kv["num_kv_heads"] * kv["head_dim"] * elem
+        return kv_bytes_per_token(kv["num_layers"], kv["num_kv_heads"], kv["head_dim"], kv["dtype"])

@@ -1,7 +1,10 @@
-// attention@1: paged KV cache (fp32 or bf16), GQA, causal by position, optional sliding
-// window. Phase 1 stores k/v of every row into the cache (bf16: round to nearest even);
-// phase 2 computes the outputs: tiles of 16 query vectors with an online softmax for
-// prefill-like sequences, one (row, head) with a two-pass softmax for decode rows.
+// attention@1: paged KV cache (fp32, bf16, or int8 / fp8 E4M3 codes with a float32 scale
+// per (token, KV head): kv_codec.h), GQA, causal by position, optional sliding window.
+// Phase 1 stores k/v of every row into the cache (bf16: round to nearest even; int8/fp8:
+// quantized with the row's dynamic scale); phase 2 computes the outputs: tiles of 16 query
+// vectors with an online softmax for prefill-like sequences, one (row, head) with a
+// two-pass softmax for decode rows. Quantized codes are converted in registers; their
+// scales are applied once per key (K after the dot product, V inside the softmax weight).
 #include <omp.h>
 
 #include <algorithm>
@@ -11,7 +14,9 @@
 #include <cmath>
 #include <limits>
 
+#include "attention_avx512.h"
 #include "kernels.h"
+#include "kv_codec.h"
 #include "simd_avx2.h"
 
 namespace bessemer {
@@ -63,28 +68,36 @@ constexpr int kTileMin = 8;  // sequences with fewer (rows x group) vectors use 
 
 struct AttnParams {
     int layer, H, Hkv, D, G, bs, B;
+    bool dec512;  // decode inner loops in AVX-512 (CPU has it, head_dim % 16 == 0)
     int64_t window, row_elems;
     float scale;
     const void* Kc;
     const void* Vc;
+    const float* Ks;  // per (slot, KV head) scales of a one-byte cache, else null
+    const float* Vs;
     const float *q, *k, *v;
     float* o;
     int64_t ldq, ldk, ldv, ldo;
 };
 
-template <bool BF16>
-inline void load_kv_row(const void* cache, int64_t elem_off, float* dst, int D) {
-    if (BF16) {
-        const uint16_t* src = static_cast<const uint16_t*>(cache) + elem_off;
-        int d = 0;
-        for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, load_bf16x8(src + d));
-        for (; d < D; ++d) dst[d] = bf16_to_f32(src[d]);
+// One (slot, KV head) row srow of a cache into the tile's fp32 block (L1, kKB rows): every
+// element is reused by 16 query lanes, so it is converted once here (codes times the
+// row's scale) rather than per FMA.
+template <int KV>
+inline void load_kv_row(const void* cache, const float* scales, int64_t srow, float* dst, int D) {
+    const int64_t off = srow * D;
+    if constexpr (KV == kv::F32) {
+        std::memcpy(dst, static_cast<const float*>(cache) + off, sizeof(float) * D);
     } else {
-        std::memcpy(dst, static_cast<const float*>(cache) + elem_off, sizeof(float) * D);
+        const float sc = kv::coded<KV>() ? scales[srow] * kv::value_mul<KV>() : 1.0f;
+        const __m256 vs = _mm256_set1_ps(sc);
+        int d = 0;
+        for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(kv::load8<KV>(cache, off + d), vs));
+        for (; d < D; ++d) dst[d] = kv::load1<KV>(cache, off + d) * sc;
     }
 }
 
-template <bool BF16>
+template <int KV>
 void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, int q0, float* scratch) {
     const int D = P.D, G = P.G;
     const int row0 = ctx.cu_seqlens[s];
@@ -127,9 +140,9 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
         const int nk = std::min<int>(kKB, jhi - jb + 1);
         for (int i = 0; i < nk; ++i) {
             const int32_t j = jb + i;
-            const int64_t off = ((int64_t(bt[j / bs]) * bs + j % bs) * P.Hkv + kvh) * D;
-            load_kv_row<BF16>(P.Kc, off, Kf + i * D, D);
-            load_kv_row<BF16>(P.Vc, off, Vf + i * D, D);
+            const int64_t srow = (int64_t(bt[j / bs]) * bs + j % bs) * P.Hkv + kvh;
+            load_kv_row<KV>(P.Kc, P.Ks, srow, Kf + i * D, D);
+            load_kv_row<KV>(P.Vc, P.Vs, srow, Vf + i * D, D);
         }
         // Scores S[i][lane] = Qt[:, lane] . K[i]
         int i = 0;
@@ -251,21 +264,9 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
 //
 // Scores 8 keys at a time (8 dot-product accumulators, reduced together by a hadd tree);
 // P.V keeps up to 64 output dims in registers while it walks the keys.
-template <bool BF16>
-inline __m256 load8(const void* base, int64_t off) {
-    if (BF16) return load_bf16x8(static_cast<const uint16_t*>(base) + off);
-    return _mm256_loadu_ps(static_cast<const float*>(base) + off);
-}
-
-template <bool BF16>
-inline float load1(const void* base, int64_t off) {
-    if (BF16) return bf16_to_f32(static_cast<const uint16_t*>(base)[off]);
-    return static_cast<const float*>(base)[off];
-}
-
 // Accumulates acc[0..8*NV) += sum_i w[i] * V[offs[i] + dc ..] (acc in memory, one load/store
 // per call; the keys' V rows stream through registers).
-template <bool BF16, int NV>
+template <int KV, int NV>
 inline void pv_accum(const void* Vc, const int64_t* voff, int n, const float* w, int dc, float* acc) {
     __m256 a[NV];
 #pragma GCC unroll 8
@@ -274,30 +275,30 @@ inline void pv_accum(const void* Vc, const int64_t* voff, int n, const float* w,
         const __m256 wv = _mm256_set1_ps(w[i]);
         const int64_t off = voff[i] + dc;
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(wv, load8<BF16>(Vc, off + 8 * v), a[v]);
+        for (int v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(wv, kv::load8<KV>(Vc, off + 8 * v), a[v]);
     }
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc + 8 * v, a[v]);
 }
 
-template <bool BF16>
+template <int KV>
 inline void pv_block(const void* Vc, const int64_t* voff, int n, const float* w, int D, float* acc) {
     const int D8 = D & ~7;
     int dc = 0;
-    for (; dc + 64 <= D8; dc += 64) pv_accum<BF16, 8>(Vc, voff, n, w, dc, acc + dc);
+    for (; dc + 64 <= D8; dc += 64) pv_accum<KV, 8>(Vc, voff, n, w, dc, acc + dc);
     switch ((D8 - dc) / 8) {
-        case 7: pv_accum<BF16, 7>(Vc, voff, n, w, dc, acc + dc); break;
-        case 6: pv_accum<BF16, 6>(Vc, voff, n, w, dc, acc + dc); break;
-        case 5: pv_accum<BF16, 5>(Vc, voff, n, w, dc, acc + dc); break;
-        case 4: pv_accum<BF16, 4>(Vc, voff, n, w, dc, acc + dc); break;
-        case 3: pv_accum<BF16, 3>(Vc, voff, n, w, dc, acc + dc); break;
-        case 2: pv_accum<BF16, 2>(Vc, voff, n, w, dc, acc + dc); break;
-        case 1: pv_accum<BF16, 1>(Vc, voff, n, w, dc, acc + dc); break;
+        case 7: pv_accum<KV, 7>(Vc, voff, n, w, dc, acc + dc); break;
+        case 6: pv_accum<KV, 6>(Vc, voff, n, w, dc, acc + dc); break;
+        case 5: pv_accum<KV, 5>(Vc, voff, n, w, dc, acc + dc); break;
+        case 4: pv_accum<KV, 4>(Vc, voff, n, w, dc, acc + dc); break;
+        case 3: pv_accum<KV, 3>(Vc, voff, n, w, dc, acc + dc); break;
+        case 2: pv_accum<KV, 2>(Vc, voff, n, w, dc, acc + dc); break;
+        case 1: pv_accum<KV, 1>(Vc, voff, n, w, dc, acc + dc); break;
         default: break;
     }
     for (int d = D8; d < D; ++d) {
         float x = acc[d];
-        for (int i = 0; i < n; ++i) x += w[i] * load1<BF16>(Vc, voff[i] + d);
+        for (int i = 0; i < n; ++i) x += w[i] * kv::load1<KV>(Vc, voff[i] + d);
         acc[d] = x;
     }
 }
@@ -307,10 +308,10 @@ inline void pv_block(const void* Vc, const int64_t* voff, int n, const float* w,
 // streams the cache in address order and reads every byte once; the G query heads of a
 // KV head reuse its rows from L1. Writes o directly (partial == nullptr) or the chunk's
 // (max, sum, unnormalised acc) per head into partial[h * (D + 2) ..] for the combine pass.
-template <bool BF16>
+template <int KV>
 void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, int nsplit,
                 float* scratch, int64_t ncap, float* partial) {
-    using E = typename std::conditional<BF16, uint16_t, float>::type;
+    using E = typename kv::Elem<KV>::T;
     const int D = P.D, G = P.G, H = P.H, Hkv = P.Hkv, bs = P.bs;
     const int D8 = D & ~7;
     const int s = ctx.seq_of_row[t];
@@ -321,9 +322,11 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
     const int n = int(lo + n_all * (split + 1) / nsplit - a);
     float* sc = scratch;                                             // [H][ncap]
     int64_t* offs = reinterpret_cast<int64_t*>(scratch + H * ncap);  // [ncap]
-    float* acc = scratch + (H + 2) * ncap;                           // [H][D]
+    int64_t* slot = reinterpret_cast<int64_t*>(scratch + (H + 2) * ncap);  // [ncap] x Hkv
+    float* acc = scratch + (H + 4) * ncap;                           // [H][D]
     float* mx = acc + int64_t(H) * D;                                // [H]
     float* sum = mx + H;                                             // [H]
+    float* kmul = sum + H;                                           // [Hkv][8]
     if (n <= 0) {
         for (int h = 0; h < H; ++h) {
             float* pp = partial + h * (D + 2);
@@ -336,9 +339,13 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
     const int32_t* bt = ctx.block_tables + int64_t(s) * P.B;
     for (int i = 0; i < n; ++i) {
         const int64_t j = a + i;
-        offs[i] = (int64_t(bt[j / bs]) * bs + j % bs) * P.row_elems;
+        slot[i] = (int64_t(bt[j / bs]) * bs + j % bs) * Hkv;
+        offs[i] = slot[i] * D;
     }
-    for (int i = n; i < ((n + 7) & ~7); ++i) offs[i] = offs[0];
+    for (int i = n; i < ((n + 7) & ~7); ++i) {
+        offs[i] = offs[0];
+        slot[i] = slot[0];
+    }
     const __m256 vscale = _mm256_set1_ps(P.scale);
     const E* Kc = static_cast<const E*>(P.Kc);
     const E* Vc = static_cast<const E*>(P.Vc);
@@ -351,8 +358,23 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
             const char* kp = reinterpret_cast<const char*>(Kc + offs[i0 + kPfKeys + u]);
             for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(kp + b, _MM_HINT_T0);
         }
+        if (P.dec512) {
+            for (int kvh = 0; kvh < Hkv; ++kvh)
+                for (int u = 0; u < 8; ++u)
+                    kmul[kvh * 8 + u] = kv::coded<KV>() ? P.Ks[slot[i0 + u] + kvh] * (P.scale * kv::value_mul<KV>())
+                                                        : P.scale;
+            attn_dec_scores8_avx512(KV, Kc, ko, P.q + t * P.ldq, H, Hkv, D, kmul, sc + i0, ncap);
+            continue;
+        }
         for (int kvh = 0; kvh < Hkv; ++kvh) {
             const E* Kk = Kc + int64_t(kvh) * D;
+            // Per-key multiplier: the softmax scale, times the key's scale for codes.
+            __m256 kmul = vscale;
+            if constexpr (kv::coded<KV>()) {
+                alignas(32) float ks[8];
+                for (int u = 0; u < 8; ++u) ks[u] = P.Ks[slot[i0 + u] + kvh];
+                kmul = _mm256_mul_ps(_mm256_load_ps(ks), _mm256_set1_ps(P.scale * kv::value_mul<KV>()));
+            }
             for (int g = 0; g < G; ++g) {
                 const int h = kvh * G + g;
                 const float* qr = P.q + t * P.ldq + int64_t(h) * D;
@@ -362,7 +384,7 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
                 for (int d = 0; d < D8; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(qr + d);
 #pragma GCC unroll 8
-                    for (int u = 0; u < 8; ++u) x[u] = _mm256_fmadd_ps(qv, load8<BF16>(Kk, ko[u] + d), x[u]);
+                    for (int u = 0; u < 8; ++u) x[u] = _mm256_fmadd_ps(qv, kv::load8<KV>(Kk, ko[u] + d), x[u]);
                 }
                 const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
                 const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
@@ -371,12 +393,12 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
                     alignas(32) float tail[8];
                     for (int u = 0; u < 8; ++u) {
                         float e = 0.0f;
-                        for (int d = D8; d < D; ++d) e += qr[d] * load1<BF16>(Kk, ko[u] + d);
+                        for (int d = D8; d < D; ++d) e += qr[d] * kv::load1<KV>(Kk, ko[u] + d);
                         tail[u] = e;
                     }
                     v = _mm256_add_ps(v, _mm256_load_ps(tail));
                 }
-                _mm256_storeu_ps(sc + h * ncap + i0, _mm256_mul_ps(v, vscale));
+                _mm256_storeu_ps(sc + h * ncap + i0, _mm256_mul_ps(v, kmul));
             }
         }
     }
@@ -402,6 +424,11 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
         }
         mx[h] = m;
         sum[h] = l;
+        if constexpr (kv::coded<KV>()) {  // V's scale joins the weight (after the sum)
+            const float* vsc = P.Vs + h / G;
+            const float mul = kv::value_mul<KV>();
+            for (i = 0; i < n; ++i) sg[i] *= vsc[slot[i]] * mul;
+        }
     }
     // P.V in blocks of 32 positions (their V rows stay in L1/L2 across the heads).
     std::memset(acc, 0, sizeof(float) * H * D);
@@ -412,7 +439,10 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
             for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(vp + b, _MM_HINT_T0);
         }
         for (int h = 0; h < H; ++h)
-            pv_block<BF16>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
+            if (P.dec512)
+                attn_dec_pv_avx512(KV, Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
+            else
+                pv_block<KV>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
     }
     for (int h = 0; h < H; ++h) {
         const float* ah = acc + h * D;
@@ -429,7 +459,7 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
     }
 }
 
-template <bool BF16>
+template <int KV>
 void attend(const KernelCall& c, const StepContext& ctx) {
     AttnParams P;
     P.layer = int(c.iv[0]);
@@ -442,8 +472,11 @@ void attend(const KernelCall& c, const StepContext& ctx) {
     P.bs = ctx.block_size;
     P.B = ctx.B;
     P.row_elems = int64_t(P.Hkv) * P.D;
+    P.dec512 = ctx.isa == Isa::AVX512 && P.D % 16 == 0;
     P.Kc = ctx.k_cache[P.layer];
     P.Vc = ctx.v_cache[P.layer];
+    P.Ks = kv::coded<KV>() ? ctx.k_scale[P.layer] : nullptr;
+    P.Vs = kv::coded<KV>() ? ctx.v_scale[P.layer] : nullptr;
     P.q = ctx.ptr(c.ins[0]);
     P.k = ctx.ptr(c.ins[1]);
     P.v = ctx.ptr(c.ins[2]);
@@ -464,7 +497,17 @@ void attend(const KernelCall& c, const StepContext& ctx) {
         const int64_t slot = (blk * bs + p % bs) * row_elems;
         const float* kr = P.k + t * P.ldk;
         const float* vr = P.v + t * P.ldv;
-        if (BF16) {
+        if constexpr (kv::coded<KV>()) {
+            using E = typename kv::Elem<KV>::T;
+            E* kd = static_cast<E*>(ctx.k_cache[P.layer]) + slot;
+            E* vd = static_cast<E*>(ctx.v_cache[P.layer]) + slot;
+            float* ks = ctx.k_scale[P.layer] + slot / P.D;
+            float* vs = ctx.v_scale[P.layer] + slot / P.D;
+            for (int h = 0; h < P.Hkv; ++h) {
+                ks[h] = kv::quantize_row<KV>(kr + int64_t(h) * P.D, P.D, kd + int64_t(h) * P.D);
+                vs[h] = kv::quantize_row<KV>(vr + int64_t(h) * P.D, P.D, vd + int64_t(h) * P.D);
+            }
+        } else if constexpr (KV == kv::BF16) {
             uint16_t* kd = static_cast<uint16_t*>(ctx.k_cache[P.layer]) + slot;
             uint16_t* vd = static_cast<uint16_t*>(ctx.v_cache[P.layer]) + slot;
             for (int64_t e = 0; e < row_elems; ++e) {
@@ -518,13 +561,13 @@ void attend(const KernelCall& c, const StepContext& ctx) {
             const int32_t idx = int32_t(tile_items - 1 - it);  // heaviest (latest) tiles first
             const int s = int(std::upper_bound(tile_start, tile_start + S + 1, idx) - tile_start) - 1;
             const int local = idx - tile_start[s];
-            attend_tile<BF16>(P, ctx, s, local % P.Hkv, (local / P.Hkv) * kLanes, scratch);
+            attend_tile<KV>(P, ctx, s, local % P.Hkv, (local / P.Hkv) * kLanes, scratch);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < dec_items; ++it) {
             const int r = int(it / nsplit), split = int(it % nsplit);
             float* partial = nsplit > 1 ? ctx.fwork + (int64_t(r) * nsplit + split) * H * int64_t(D + 2) : nullptr;
-            attend_dec<BF16>(P, ctx, dec_rows[r], split, nsplit, scratch, ncap, partial);
+            attend_dec<KV>(P, ctx, dec_rows[r], split, nsplit, scratch, ncap, partial);
         }
         if (nsplit > 1) {
             // Combine the chunks: o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
@@ -557,15 +600,17 @@ void attend(const KernelCall& c, const StepContext& ctx) {
 int64_t attention_scratch_floats(int64_t max_ctx, int max_heads, int head_dim) {
     const int64_t tile = int64_t(head_dim) * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * head_dim + 64;
     const int64_t ncap = (max_ctx + 15) / 16 * 16 + 32;
-    const int64_t dec = (max_heads + 2) * ncap + int64_t(max_heads) * (head_dim + 2) + 64;
+    const int64_t dec = (max_heads + 4) * ncap + int64_t(max_heads) * (head_dim + 10) + 64;
     return std::max(tile, dec);
 }
 
 void run_attention(const KernelCall& c, const StepContext& ctx) {
-    if (ctx.kv_dtype == DT_BF16)
-        attend<true>(c, ctx);
-    else
-        attend<false>(c, ctx);
+    switch (ctx.kv_dtype) {
+        case DT_BF16: attend<kv::BF16>(c, ctx); break;
+        case DT_I8: attend<kv::I8>(c, ctx); break;
+        case DT_F8E4M3: attend<kv::F8>(c, ctx); break;
+        default: attend<kv::F32>(c, ctx); break;
+    }
 }
 
 }  // namespace bessemer

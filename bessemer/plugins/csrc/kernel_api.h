@@ -113,6 +113,10 @@ struct StepContext {
     int block_size = 0, num_blocks = 0;
     void* const* k_cache = nullptr;  // per layer
     void* const* v_cache = nullptr;
+    // int8 / float8_e4m3 cache: float32 scale per (block, slot, KV head), per layer
+    // (x = code * scale); null entries for float caches.
+    float* const* k_scale = nullptr;
+    float* const* v_scale = nullptr;
     // Per-thread fp32 scratch (>= scratch_floats each, 64-byte aligned); at least
     // attention_scratch_floats(max(context_lens), max num_heads, head_dim).
     float* const* scratch = nullptr;

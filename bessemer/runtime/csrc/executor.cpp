@@ -260,7 +260,16 @@ void Executor::load_plan(const py::dict& plan) {
         else if (dt && py::isinstance<py::int_>(dt)) dts = dtype_name(dt.cast<int>());
         if (dts == "float32") info_.kv_dtype = DT_F32;
         else if (dts == "bfloat16") info_.kv_dtype = DT_BF16;
-        else fail("kv_cache: dtype '" + dts + "' not supported (float32 or bfloat16)");
+        else if (dts == "int8") info_.kv_dtype = DT_I8;
+        else if (dts == "float8_e4m3") info_.kv_dtype = DT_F8E4M3;
+        else fail("kv_cache: dtype '" + dts + "' not supported (float32, bfloat16, int8 or float8_e4m3)");
+        // One-byte codes need their scales; only the dynamic per-(token, head) kind exists.
+        const bool coded = info_.kv_dtype == DT_I8 || info_.kv_dtype == DT_F8E4M3;
+        const std::string scales = kv.contains("scales") && py::isinstance<py::str>(kv["scales"])
+                                       ? kv["scales"].cast<std::string>() : std::string();
+        if (coded && scales != "dynamic_per_token_head_float32")
+            fail("kv_cache: dtype " + dts + " needs scales 'dynamic_per_token_head_float32', got '" + scales +
+                 "'; rebuild the engine");
     }
     info_.vocab_size = int(to_int(item(plan, "vocab_size", "plan"), "plan vocab_size"));
     if (info_.vocab_size <= 0) fail("plan vocab_size must be > 0");
@@ -328,19 +337,32 @@ void Executor::load_plan(const py::dict& plan) {
 void Executor::allocate_kv_cache() {
     if (info_.kv_layers == 0) return;
     if (has_attention_ && num_kv_blocks_ <= 0) fail("num_kv_blocks must be > 0 for a plan with attention");
-    const int64_t esz = info_.kv_dtype == DT_BF16 ? 2 : 4;
-    const int64_t per = int64_t(num_kv_blocks_) * kv_block_size_ * info_.kv_heads * info_.head_dim * esz;
+    const bool coded = info_.kv_dtype == DT_I8 || info_.kv_dtype == DT_F8E4M3;
+    const int64_t esz = info_.kv_dtype == DT_BF16 ? 2 : coded ? 1 : 4;
+    const int64_t slots = int64_t(num_kv_blocks_) * kv_block_size_ * info_.kv_heads;  // (token, head) rows
+    const int64_t per = slots * info_.head_dim * esz;
+    const int64_t per_scales = coded ? slots * int64_t(sizeof(float)) : 0;
     k_cache_.resize(info_.kv_layers);
     v_cache_.resize(info_.kv_layers);
     k_ptrs_.resize(info_.kv_layers);
     v_ptrs_.resize(info_.kv_layers);
+    k_scale_.resize(coded ? info_.kv_layers : 0);
+    v_scale_.resize(coded ? info_.kv_layers : 0);
+    k_scale_ptrs_.assign(info_.kv_layers, nullptr);
+    v_scale_ptrs_.assign(info_.kv_layers, nullptr);
     for (int l = 0; l < info_.kv_layers; ++l) {
         k_cache_[l].ensure(size_t(per));
         v_cache_[l].ensure(size_t(per));
         k_ptrs_[l] = k_cache_[l].get();
         v_ptrs_[l] = v_cache_[l].get();
+        if (coded) {
+            k_scale_[l].ensure(size_t(per_scales));
+            v_scale_[l].ensure(size_t(per_scales));
+            k_scale_ptrs_[l] = static_cast<float*>(k_scale_[l].get());
+            v_scale_ptrs_[l] = static_cast<float*>(v_scale_[l].get());
+        }
     }
-    kv_cache_bytes_ = 2 * per * info_.kv_layers;
+    kv_cache_bytes_ = 2 * (per + per_scales) * info_.kv_layers;
 }
 
 py::dict Executor::profile_stats() {
@@ -508,6 +530,8 @@ void Executor::run_steps(int T, int S, int L, int B, const int32_t* tok, const i
     ctx.num_blocks = num_kv_blocks_;
     ctx.k_cache = k_ptrs_.data();
     ctx.v_cache = v_ptrs_.data();
+    ctx.k_scale = k_scale_ptrs_.data();
+    ctx.v_scale = v_scale_ptrs_.data();
     ctx.scratch = scratch_ptrs_.data();
     ctx.scratch_floats = scratch_floats;
     ctx.iwork = iwork_.data();

@@ -98,6 +98,9 @@ class Executor {
     // KV cache, per layer.
     std::vector<AlignedBuf> k_cache_, v_cache_;
     std::vector<void*> k_ptrs_, v_ptrs_;
+    // Per-(token, head) scales of an int8/fp8 cache, per layer ([num_blocks, block_size, Hkv]).
+    std::vector<AlignedBuf> k_scale_, v_scale_;
+    std::vector<float*> k_scale_ptrs_, v_scale_ptrs_;
     // Per-thread scratch and per-step row -> sequence map.
     std::vector<AlignedBuf> scratch_;
     std::vector<float*> scratch_ptrs_;

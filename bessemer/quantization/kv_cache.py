@@ -1,0 +1,99 @@
+"""Quantized KV cache: the reference of the cache write and read (`--kv-cache-dtype`).
+
+Scheme (both int8 and fp8): symmetric, with a *dynamic* scale per (token, KV head),
+chosen when the token's K (after RoPE) or V row is written into the cache and stored
+beside the codes. No calibration is needed and an outlier token or head only coarsens
+its own row. Per token and layer the cache holds, for K and for V, num_kv_heads * head_dim
+one-byte codes plus num_kv_heads float32 scales.
+
+- int8: scale = amax / 127, code = rint(x * (127 / amax)) in [-127, 127] (half to even).
+- fp8:  OCP E4M3FN (bias 7, max 448, no infinities): scale = amax / 448, code =
+  e4m3(x * (448 / amax)) rounded to nearest even; the dequantized value is
+  e4m3_value(code) * scale.
+A row of zeros gets scale 0 and codes 0.
+
+The arithmetic is the kernel's, step by step in float32 (amax, the reciprocal multiplier,
+the product, the rounding), so the codes of attention@1's cache write equal these.
+Shapes: x: (..., head_dim); codes the same shape; scales x.shape[:-1].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KV_QUANT_DTYPES = ("int8", "fp8")
+INT8_MAX = np.float32(127.0)
+E4M3_MAX = np.float32(448.0)
+# Plan / engine names of the cache element types (engine_format dtype names).
+PLAN_DTYPE = {"int8": "int8", "fp8": "float8_e4m3"}
+
+
+def _amax(x: np.ndarray) -> np.ndarray:
+    return np.abs(x).max(axis=-1)
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x: (..., D) -> codes int8 (..., D), scales float32 (...)."""
+    x = np.asarray(x, np.float32)
+    amax = _amax(x)
+    safe = np.where(amax > 0, amax, np.float32(1.0))
+    inv = np.where(amax > 0, INT8_MAX / safe, np.float32(0.0)).astype(np.float32)
+    codes = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
+    return codes, (amax / INT8_MAX).astype(np.float32)
+
+
+def dequantize_int8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return codes.astype(np.float32) * scales[..., None]
+
+
+def float32_to_e4m3(y: np.ndarray) -> np.ndarray:
+    """|y| <= 448 (float32) -> E4M3FN bytes (uint8), round to nearest, ties to even."""
+    y = np.asarray(y, np.float32)
+    sign = (np.signbit(y).astype(np.uint32) << 7)
+    a = np.minimum(np.abs(y), E4M3_MAX)
+    bits = a.view(np.uint32)
+    # Normal range (>= 2^-6): keep 3 mantissa bits with RNE on the float32 bits, rebias 127 -> 7.
+    rounded = (bits + np.uint32(0x7FFFF) + ((bits >> 20) & 1)) >> 20
+    normal = rounded.astype(np.int64) - (120 << 3)
+    # Subnormals are multiples of 2^-9; rint gives 8 (= the code of 2^-6) at the top edge.
+    sub = np.rint(a * np.float32(512.0)).astype(np.int64)
+    mag = np.where(a < np.float32(2.0 ** -6), sub, normal)
+    return (mag.astype(np.uint32) | sign).astype(np.uint8)
+
+
+def e4m3_to_float32(b: np.ndarray) -> np.ndarray:
+    """E4M3FN bytes -> float32 (0x7F/0xFF, NaN, never produced by float32_to_e4m3)."""
+    b = np.asarray(b, np.uint8).astype(np.int64)
+    e, m = (b >> 3) & 0xF, b & 7
+    mag = np.where(e == 0, m * 2.0 ** -9, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+    return np.where(b & 0x80, -mag, mag).astype(np.float32)
+
+
+def quantize_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x: (..., D) -> codes uint8 (E4M3FN bytes) (..., D), scales float32 (...)."""
+    x = np.asarray(x, np.float32)
+    amax = _amax(x)
+    safe = np.where(amax > 0, amax, np.float32(1.0))
+    inv = np.where(amax > 0, E4M3_MAX / safe, np.float32(0.0)).astype(np.float32)
+    return float32_to_e4m3(x * inv[..., None]), (amax / E4M3_MAX).astype(np.float32)
+
+
+def dequantize_fp8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return e4m3_to_float32(codes) * scales[..., None]
+
+
+def fake_quantize_kv(x: np.ndarray, kv_dtype: str) -> np.ndarray:
+    """What attention reads back for rows x (..., D) written into a kv_dtype cache."""
+    if kv_dtype == "int8":
+        return dequantize_int8(*quantize_int8(x))
+    if kv_dtype == "fp8":
+        return dequantize_fp8(*quantize_fp8(x))
+    raise ValueError(f"kv_dtype {kv_dtype!r} is not a quantized KV dtype ({', '.join(KV_QUANT_DTYPES)})")
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
+    """Cache bytes one token takes (K and V of every layer), scales included. dtype is a
+    plan kv_cache dtype: float32, bfloat16, int8 or float8_e4m3."""
+    per_head = {"float32": 4 * head_dim, "bfloat16": 2 * head_dim,
+                "int8": head_dim + 4, "float8_e4m3": head_dim + 4}[dtype]
+    return 2 * num_layers * num_kv_heads * per_head
