@@ -6,18 +6,22 @@
 Every system gets the same prompts as the same token ids (tokenized once with the
 checkpoint's tokenizer), greedy decoding with EOS ignored and exactly the same number of new
 tokens, and `--threads` threads. Each system runs in its own worker process
-(compare_worker.py); after one warm-up run of each workload, the measured runs go round-robin
-over workloads and systems, so a burst of load from elsewhere hits all of them alike. A run
-slower than its cell's best by more than --spread-tol, or whose process got less CPU per wall
-second than the best-served run (we lost a core), is repeated (at most --max-retries rounds);
-each figure is the median of its cell's runs. The anchors, GGUF/ONNX models and Bessemer
+(compare_worker.py). Workload by workload: a short warm-up run on every system, then
+--repeats rounds round-robin over the systems, so a burst of load from elsewhere hits all of
+them alike. A run slower than its cell's best by more than --spread-tol, or whose process got
+less CPU per wall second than the best-served run or under --min-util of its cores (we lost
+a core), is repeated (at most --max-retries rounds); each figure is the median of its cell's
+runs. The first 16 greedy tokens of each system are compared with HF fp32's (a prompt fed
+wrongly shows at once). The anchors, GGUF/ONNX models and Bessemer
 engines are installed/built once and cached (compare_setup.py).
 
 Systems (--systems takes names or fnmatch patterns, comma-separated; default all):
   bessemer-fp32 bessemer-bf16 bessemer-w8a16 bessemer-w4a16-g64 bessemer-w4a16-g128
   bessemer-w8a8-sq (skipped, with a line saying so, while the builder lacks the mode)
   llamacpp-f32 llamacpp-q8_0 llamacpp-q4_0 ortgenai-int4 ortgenai-fp32 hf-fp32
-Workloads: prefill decode batch long (see compare_core.WORKLOADS).
+Workloads: prefill decode batch long (see compare_core.WORKLOADS), run in the order given.
+llama.cpp's batch: its C API's llama_batch with 16 sequence ids (the high-level `Llama`
+class decodes one sequence); ORT-genai's: GeneratorParams batch_size with a (16, 64) prompt.
 Output: a table on stdout, bench/results/compare.json (tok/s per system x workload, every
 run, the issue's target ratios, weight bytes per token and the copy-bandwidth ceiling).
 """
@@ -67,7 +71,9 @@ def select(patterns: str | None, universe) -> list[str]:
     if not patterns:
         return list(universe)
     pats = [p.strip() for p in patterns.split(",") if p.strip()]
-    out = [s for s in universe if any(fnmatch.fnmatch(s, p) for p in pats)]
+    out = []  # in the order the patterns were given: workloads run in that order
+    for p in pats:
+        out += [s for s in universe if fnmatch.fnmatch(s, p) and s not in out]
     unknown = [p for p in pats if not any(fnmatch.fnmatch(s, p) for s in universe)]
     if unknown:
         raise SystemExit(f"error: {', '.join(unknown)} match no system or workload; choose from {', '.join(universe)}")
@@ -162,41 +168,51 @@ class Worker:
                 self.proc.kill()
 
 
-def measure(worker: Worker, w: core.Workload, prompts) -> tuple[core.Run | None, dict]:
+def measure(worker: Worker, w: core.Workload, prompts, new: int | None = None) -> tuple[core.Run | None, dict]:
     time.sleep(0.2)  # let the previous system's spinning threads go to sleep
+    new = new or w.new_tokens
     load = os.getloadavg()[0]
-    m = worker.run(w.name, w.new_tokens)
+    m = worker.run(w.name, new)
     if "error" in m:
         return None, m
-    want = [w.new_tokens] * len(prompts)
+    want = [new] * len(prompts)
     if m["generated"] != want:
         return None, {"error": f"generated {m['generated']} tokens, expected {want}"}
-    tok_s = core.rate(w.metric, m, len(prompts[0]))
+    tok_s = core.rate(w.metric, m, len(prompts[0])) if new > 1 or w.metric == "prefill" else 0.0
     return core.Run(tok_s, m["cpu_s"] / (m["wall_s"] * worker.threads), load), m
 
 
-def run_all(workers: dict[str, Worker], workloads: dict, prompts: dict, repeats: int, tols: dict,
-            max_retries: int) -> dict:
-    cells = {(s, w): [] for s in workers for w in workloads}
-    repeated = {k: 0 for k in cells}
-    failed = {}
+WARMUP_NEW_TOKENS = 4  # a warm-up touches every code path and page; it need not be long
 
-    def one(s, w):
-        run, m = measure(workers[s], workloads[w], prompts[w])
+
+def run_all(workers: dict[str, Worker], workloads: dict, prompts: dict, repeats: int, tols: dict,
+            max_retries: int, deadline: float) -> dict:
+    """Workload by workload (so that a --time-budget cut leaves whole workloads): a warm-up
+    run on every system, `repeats` rounds over the systems, then the disturbed runs again."""
+    cells = {(s, w): [] for s in workers for w in workloads}
+    tokens = {}  # (system, workload) -> the first sequence's first new token ids
+    repeated = {k: 0 for k in cells}
+    failed, skipped = {}, []
+
+    def one(s, w, new=None):
+        run, m = measure(workers[s], workloads[w], prompts[w], new)
         if run is None:
             failed[(s, w)] = m["error"]
             setup.say(f"  {s} {w}: {m['error']}")
+        elif new is None:
+            tokens[(s, w)] = m.get("tokens", [])
         return run
 
-    setup.say("warm-up: one run of every workload on every system")
     for w in workloads:
+        if time.time() > deadline:
+            skipped.append(w)
+            setup.say(f"skipped workload {w}: past --time-budget")
+            continue
         for s in workers:
             t = time.perf_counter()
-            run = one(s, w)
-            if run:
-                setup.say(f"[warm-up] {s:20s} {w:8s} {run.tok_s:9.1f} tok/s  ({time.perf_counter() - t:.1f} s)")
-    for rep in range(repeats):
-        for w in workloads:
+            if one(s, w, min(workloads[w].new_tokens, WARMUP_NEW_TOKENS)):
+                setup.say(f"[warm-up] {s:20s} {w:8s} ({time.perf_counter() - t:.1f} s)")
+        for rep in range(repeats):
             for s in workers:
                 if (s, w) in failed:
                     continue
@@ -204,20 +220,21 @@ def run_all(workers: dict[str, Worker], workloads: dict, prompts: dict, repeats:
                 if run:
                     cells[(s, w)].append(run)
                     setup.say(f"[{rep + 1}/{repeats}] {s:20s} {w:8s} {run.tok_s:9.1f} tok/s  cpu {run.util:.2f}  load {run.load:.1f}")
-    for round_ in range(max_retries):
-        todo = [(k, i) for k, runs in cells.items() for i in core.disturbed(runs, **tols)]
-        if not todo:
-            break
-        setup.say(f"repeating {len(todo)} disturbed run(s), round {round_ + 1}/{max_retries}")
-        for (s, w), i in todo:
-            run = one(s, w)
-            if run:
-                old = cells[(s, w)][i]
-                cells[(s, w)][i] = run
-                repeated[(s, w)] += 1
-                setup.say(f"  {s:20s} {w:8s} {old.tok_s:9.1f} -> {run.tok_s:9.1f} tok/s")
+        for round_ in range(max_retries):
+            todo = [(s, i) for s in workers for i in core.disturbed(cells[(s, w)], **tols)]
+            if not todo or time.time() > deadline:
+                break
+            setup.say(f"repeating {len(todo)} disturbed {w} run(s), round {round_ + 1}/{max_retries}")
+            for s, i in todo:
+                run = one(s, w)
+                if run:
+                    old = cells[(s, w)][i]
+                    cells[(s, w)][i] = run
+                    repeated[(s, w)] += 1
+                    setup.say(f"  {s:20s} {w:8s} {old.tok_s:9.1f} -> {run.tok_s:9.1f} tok/s")
     still = {k: len(core.disturbed(runs, **tols)) for k, runs in cells.items()}
-    return {"cells": cells, "repeated": repeated, "still_disturbed": still, "failed": failed}
+    return {"cells": cells, "repeated": repeated, "still_disturbed": still, "failed": failed, "tokens": tokens,
+            "skipped_workloads": skipped}
 
 
 def fmt_rate(x) -> str:
@@ -239,7 +256,7 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "python": platform.python_version(),
                     "load_avg_end": os.getloadavg(), "copy_bandwidth": bw,
                     "note": "a shared 2-core machine: other work ran at the same time; compare ratios within this run"},
-        "protocol": {"repeats": args.repeats, "warmup": 1, "spread_tol": args.spread_tol, "util_tol": args.util_tol,
+        "protocol": {"repeats": args.repeats, "warmup": f"1 run ({WARMUP_NEW_TOKENS} new tokens)", "spread_tol": args.spread_tol, "util_tol": args.util_tol,
                      "min_util": args.min_util, "max_retries": args.max_retries, "quick": args.quick, "seconds": round(time.time() - t0),
                      "workloads": {w: {"doc": x.doc, "prompts": len(prompts[w]), "prompt_tokens": len(prompts[w][0]),
                                        "new_tokens": x.new_tokens} for w, x in workloads.items()}},
@@ -252,7 +269,11 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
         "repeated_runs": {s: {w: repeated[(s, w)] for w in workloads} for s in systems},
         "still_disturbed_runs": {s: {w: res["still_disturbed"][(s, w)] for w in workloads} for s in systems},
         "failed": {f"{s}/{w}": e for (s, w), e in res["failed"].items()},
+        "skipped_workloads": res["skipped_workloads"],
         "targets": core.target_ratios(medians),
+        "greedy_agreement_with_hf_fp32": {
+            s: {w: core.agreement(res["tokens"].get((s, w), []), res["tokens"][("hf-fp32", w)])
+                for w in workloads if ("hf-fp32", w) in res["tokens"]} for s in systems},
         "bandwidth_ceiling": ceiling,
     }
     widths = [max(10, len(w) + 6) for w in workloads]
@@ -266,6 +287,10 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
     print(f"\ncopy bandwidth ({args.threads} threads): {bw['copy_GBps']} GB/s; ceiling = bandwidth / weight bytes per token")
     print(f"repeated (disturbed) runs: {sum(repeated.values())}; still disturbed after the retries: "
           f"{sum(res['still_disturbed'].values())}; failed cells: {len(res['failed'])}")
+    agree = out["greedy_agreement_with_hf_fp32"]
+    if any(agree.values()):
+        print("leading greedy tokens equal to HF fp32's (of 16, decode workload): "
+              + ", ".join(f"{s} {a.get('decode', '-')}" for s, a in agree.items() if s != "hf-fp32"))
     print("\ntargets (same run, medians):")
     for t in out["targets"]:
         r = "n/a (system missing)" if t["ratio"] is None else f"{t['ratio']:.2f}x (goal {t['goal']}x) {'met' if t['met'] else 'MISSED'}"
@@ -304,6 +329,8 @@ def main() -> None:
     ap.add_argument("--min-util", type=float, default=0.4,
                     help="a run whose process got less than this share of its threads' cores is repeated")
     ap.add_argument("--max-retries", type=int, default=2, help="rounds of repeating disturbed runs")
+    ap.add_argument("--time-budget", type=float, default=float("inf"),
+                    help="minutes; no new workload starts after this (the ones done are reported)")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results")
     args = ap.parse_args()
     if args.repeats < 1 or args.threads < 1:
@@ -346,11 +373,14 @@ def main() -> None:
                 continue
             workers[n] = wk
         tols = {"spread_tol": args.spread_tol, "util_tol": args.util_tol, "min_util": args.min_util}
-        res = run_all(workers, workloads, prompts, args.repeats, tols, args.max_retries)
+        res = run_all(workers, workloads, prompts, args.repeats, tols, args.max_retries, t0 + args.time_budget * 60)
     finally:
         for wk in workers.values():
             wk.close()
         os.unlink(f.name)
+    setup.say("measuring copy bandwidth again (the better of before and after counts)")
+    bw_end = setup.copy_bandwidth(args.threads)
+    bw = {**max(bw, bw_end, key=lambda b: b["copy_GBps"]), "before_GBps": bw["copy_GBps"], "after_GBps": bw_end["copy_GBps"]}
     out = report(args, systems, workloads, prompts, res, bw, t0)
     path = args.out / ("compare_quick.json" if args.quick else "compare.json")
     path.write_text(json.dumps(out, indent=1))

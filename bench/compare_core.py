@@ -155,3 +155,14 @@ def weight_bytes_per_token(tensors: list[tuple[str, int]], embed: str, head: str
 def ceiling(copy_bytes_per_s: float, bytes_per_token: int) -> float:
     """Decode tok/s if each token cost exactly one read of the weights at copy bandwidth."""
     return copy_bytes_per_s / bytes_per_token
+
+
+def agreement(tokens: list[int], reference: list[int]) -> int:
+    """How many leading greedy tokens two systems share (same prompt ids: fp32 systems should
+    agree for many tokens; quantized ones diverge sooner, a prompt fed wrongly at once)."""
+    n = 0
+    for a, b in zip(tokens, reference):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -4,7 +4,8 @@
 
 KIND: bessemer | llamacpp | ortgenai | hf. The worker loads the system, writes one JSON
 line {"ready": ...} and then answers each request line {"workload": W, "new": N} with
-{"ttft_s", "decode_s", "wall_s", "cpu_s", "generated": [tokens per sequence]}; an empty
+{"ttft_s", "decode_s", "wall_s", "cpu_s", "generated": [tokens per sequence], "tokens": the first
+sequence's first 16 new ids (the parent checks the systems agree with HF)}; an empty
 line or EOF ends it. Every system gets the same token ids, greedy decoding, EOS ignored,
 exactly N new tokens. Protocol lines go to the original stdout; anything the libraries
 print (C code included) is sent to stderr, which the parent keeps in a log file.
@@ -38,7 +39,7 @@ class Bessemer:
         first = min(o.metrics["first_token_time"] for o in outs)
         m = outs[0].metrics
         return {"ttft_s": first - t0, "decode_s": m["last_token_time"] - m["first_token_time"], "wall_s": wall,
-                "generated": [len(o.token_ids) for o in outs]}
+                "generated": [len(o.token_ids) for o in outs], "tokens": list(outs[0].token_ids[:16])}
 
 
 class LlamaCpp:
@@ -111,7 +112,7 @@ class LlamaCpp:
                 out[s].append(t)
         t_last = time.perf_counter()
         return {"ttft_s": t_first - t0, "decode_s": t_last - t_first, "wall_s": t_last - t0,
-                "generated": [len(o) for o in out]}
+                "generated": [len(o) for o in out], "tokens": out[0][:16]}
 
 
 class OrtGenai:
@@ -144,7 +145,9 @@ class OrtGenai:
             gen.generate_next_token()
         t_last = time.perf_counter()
         generated = [len(gen.get_sequence(i)) - n for i in range(len(prompts))]
-        return {"ttft_s": t_first - t0, "decode_s": t_last - t_first, "wall_s": t_last - t0, "generated": generated}
+        first = [int(t) for t in gen.get_sequence(0)[n:n + 16]]
+        return {"ttft_s": t_first - t0, "decode_s": t_last - t_first, "wall_s": t_last - t0, "generated": generated,
+                "tokens": first}
 
 
 class HF:
@@ -180,7 +183,7 @@ class HF:
         t_last = time.perf_counter()
         t_first = streamer.times[1]
         return {"ttft_s": t_first - t0, "decode_s": t_last - t_first, "wall_s": t_last - t0,
-                "generated": [out.shape[1] - x.shape[1]] * len(prompts)}
+                "generated": [out.shape[1] - x.shape[1]] * len(prompts), "tokens": out[0, x.shape[1]:x.shape[1] + 16].tolist()}
 
 
 SYSTEMS = {"bessemer": Bessemer, "llamacpp": LlamaCpp, "ortgenai": OrtGenai, "hf": HF}

@@ -72,3 +72,9 @@ def test_weight_bytes_count_a_tied_table_once_and_an_untied_embedding_not_at_all
     untied = layers + [("token_embd.weight", 5000), ("output.weight", 4000)]
     assert core.weight_bytes_per_token(untied, "token_embd.weight", "output.weight") == 6000
     assert core.ceiling(40e9, 200e6) == pytest.approx(200)
+
+
+def test_agreement_counts_the_common_greedy_prefix():
+    assert core.agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert core.agreement([1, 2], [1, 2, 3]) == 2
+    assert core.agreement([], [1]) == 0
