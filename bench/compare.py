@@ -80,14 +80,23 @@ def select(patterns: str | None, universe) -> list[str]:
     return out
 
 
+def calibration_text() -> Path:
+    """WikiText-2 (valid) where the checkout has shared/ beside it, else a generated text."""
+    for wiki in (REPO.parent / "shared/data/wikitext-2/valid.txt", Path("/work/shared/data/wikitext-2/valid.txt")):
+        if wiki.exists():
+            return wiki
+    path = setup.cache_root() / "steel.txt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(" ".join(f"Steel mill {i} rolls plate and coil for the yard." for i in range(20000)))
+    return path
+
+
 def tokenized_prompts(model: Path, workloads: dict) -> dict[str, list[list[int]]]:
     from bessemer.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(model)
-    wiki = REPO.parent / "shared/data/wikitext-2/valid.txt"
-    if not wiki.exists():
-        wiki = Path("/work/shared/data/wikitext-2/valid.txt")
-    text = wiki.read_text()[:60000] if wiki.exists() else " ".join(f"Steel mill {i} rolls plate and coil." for i in range(3000))
+    text = calibration_text().read_text()[:60000]
     return core.make_prompts(tok.encode(text, add_special_tokens=False), tok.encode_chat(core.CHAT), workloads)
 
 
@@ -98,10 +107,13 @@ def prepare(name: str, model: Path, ckpt: str, quant_dtype: str) -> dict | None:
         args = list(recipe)
         if "--quant" in args:
             mode = args[args.index("--quant") + 1]
-            if mode not in setup.bessemer_modes():
+            modes = setup.bessemer_modes()
+            if mode not in modes:
                 setup.say(f"skipped {name}: the builder has no --quant {mode} yet")
                 return None
             args += ["--dtype", quant_dtype]
+            if modes[mode]:  # calibrated (SmoothQuant...): a short calibration, this is about speed
+                args += ["--calib-data", str(calibration_text()), "--calib-samples", "16"]
         args += ["--max-seq-len", str(MAX_SEQ_LEN)]
         path = setup.bessemer_engine(model, ckpt, name, args)
         tensors, types = setup.engine_tensors(path)
@@ -350,7 +362,11 @@ def main() -> None:
     ckpt = checkpoint_hash(model)
     systems = {}
     for n in names:
-        info = prepare(n, model, ckpt, args.quant_dtype)
+        try:
+            info = prepare(n, model, ckpt, args.quant_dtype)
+        except SystemExit as e:  # one system that cannot be built does not stop the others
+            setup.say(f"skipped {n}: {e}")
+            continue
         if info:
             systems[n] = info
     prompts = tokenized_prompts(model, workloads)

@@ -192,10 +192,11 @@ def onnx_tensors(d: Path) -> tuple[list[tuple[str, int]], dict[str, str]]:
 
 
 # ---- Bessemer engines ----
-def bessemer_modes() -> set[str]:
-    from bessemer.quantization.config import MODES
+def bessemer_modes() -> dict[str, bool]:
+    """The builder's --quant modes -> whether the mode needs calibration text."""
+    from bessemer.quantization.config import CALIBRATED, MODES
 
-    return set(MODES)
+    return {m: algo in CALIBRATED for m, (_, algo) in MODES.items()}
 
 
 def bessemer_engine(model_dir: Path, ckpt_hash: str, name: str, args: list[str]) -> Path:
