@@ -289,7 +289,7 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
                 for w in workloads if ("hf-fp32", w) in res["tokens"]} for s in systems},
         "bandwidth_ceiling": ceiling,
     }
-    widths = [max(10, len(w) + 6) for w in workloads]
+    widths = [len(w) + 8 for w in workloads]
     print(f"\n{'system':22s}" + "".join(f"{w + ' tok/s':>{n}s}" for w, n in zip(workloads, widths))
           + f"{'MiB/tok':>9s}{'ceiling':>9s}{'% ceil':>8s}")
     for s in systems:
@@ -306,7 +306,7 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
               + ", ".join(f"{s} {a.get('decode', '-')}" for s, a in agree.items() if s != "hf-fp32"))
     print("\ntargets (same run, medians):")
     for t in out["targets"]:
-        r = "n/a (system missing)" if t["ratio"] is None else f"{t['ratio']:.2f}x (goal {t['goal']}x) {'met' if t['met'] else 'MISSED'}"
+        r = "n/a (system or workload not measured)" if t["ratio"] is None else f"{t['ratio']:.2f}x (goal {t['goal']}x) {'met' if t['met'] else 'MISSED'}"
         print(f"  {t['target']:40s} {r}" + (f"  [{t['numerator']} / {t['denominator']}]" if t["ratio"] else ""))
     return out
 
