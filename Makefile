@@ -28,8 +28,10 @@ test: install
 engines: model
 	bessemer ci-build engines.yaml --out $(ENGINES)/ci
 
+# Bessemer vs llama.cpp, onnxruntime-genai and HF (installs the anchors in its own cached venv
+# the first time: llama-cpp-python compiles for ~20 min). BENCH_ARGS: e.g. --quick --systems ...
 bench: model
-	$(PYTHON) bench/decode.py --model "$(MODEL_DIR)" --out bench/results
+	$(PYTHON) bench/compare.py --model "$(MODEL_DIR)" --out bench/results $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info bessemer/_C*.so $(ENGINES)
