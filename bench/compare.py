@@ -17,7 +17,7 @@ engines are installed/built once and cached (compare_setup.py).
 
 Systems (--systems takes names or fnmatch patterns, comma-separated; default all):
   bessemer-fp32 bessemer-bf16 bessemer-w8a16 bessemer-w4a16-g64 bessemer-w4a16-g128
-  bessemer-w8a8-sq (skipped, with a line saying so, while the builder lacks the mode)
+  bessemer-w8a8-sq (calibrated on a short slice of WikiText-2)
   llamacpp-f32 llamacpp-q8_0 llamacpp-q4_0 ortgenai-int4 ortgenai-fp32 hf-fp32
 Workloads: prefill decode batch long (see compare_core.WORKLOADS), run in the order given.
 llama.cpp's batch: its C API's llama_batch with 16 sequence ids (the high-level `Llama`
