@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 
+from bessemer.quantization import fp8
 from bessemer.quantization import kv_cache as kvq
 from bessemer.runtime.llm import LLM, SamplingParams
 from conftest import WIKITEXT
@@ -30,12 +31,12 @@ def test_e4m3_codec_equals_torch_float8_e4m3fn():
     import torch
 
     rng = np.random.default_rng(0)
-    values = kvq.e4m3_to_float32(np.arange(256, dtype=np.uint8))
+    values = fp8.decode_e4m3(np.arange(256, dtype=np.uint8))
     finite = np.unique(values[np.isfinite(values)]).astype(np.float64)
     ties = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)  # exact midpoints: ties to even
     y = np.concatenate([rng.uniform(-448, 448, 20000), rng.standard_normal(20000) * 0.02, ties, finite,
                         [-0.0, 2.0 ** -10, 2.0 ** -6 - 2.0 ** -12]]).astype(np.float32)
-    ours = kvq.float32_to_e4m3(y)
+    ours = fp8.encode_e4m3(y)
     theirs = torch.from_numpy(y).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     np.testing.assert_array_equal(ours, theirs)
     decoded = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()

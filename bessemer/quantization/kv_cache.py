@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from bessemer.quantization.fp8 import E4M3_MAX as _E4M3_MAX, decode_e4m3, encode_e4m3
+
 KV_QUANT_DTYPES = ("int8", "fp8")
 INT8_MAX = np.float32(127.0)
-E4M3_MAX = np.float32(448.0)
+E4M3_MAX = np.float32(_E4M3_MAX)  # float32, as the kernel computes the scale
 # Plan / engine names of the cache element types (engine_format dtype names).
 PLAN_DTYPE = {"int8": "int8", "fp8": "float8_e4m3"}
 
@@ -46,40 +48,17 @@ def dequantize_int8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return codes.astype(np.float32) * scales[..., None]
 
 
-def float32_to_e4m3(y: np.ndarray) -> np.ndarray:
-    """|y| <= 448 (float32) -> E4M3FN bytes (uint8), round to nearest, ties to even."""
-    y = np.asarray(y, np.float32)
-    sign = (np.signbit(y).astype(np.uint32) << 7)
-    a = np.minimum(np.abs(y), E4M3_MAX)
-    bits = a.view(np.uint32)
-    # Normal range (>= 2^-6): keep 3 mantissa bits with RNE on the float32 bits, rebias 127 -> 7.
-    rounded = (bits + np.uint32(0x7FFFF) + ((bits >> 20) & 1)) >> 20
-    normal = rounded.astype(np.int64) - (120 << 3)
-    # Subnormals are multiples of 2^-9; rint gives 8 (= the code of 2^-6) at the top edge.
-    sub = np.rint(a * np.float32(512.0)).astype(np.int64)
-    mag = np.where(a < np.float32(2.0 ** -6), sub, normal)
-    return (mag.astype(np.uint32) | sign).astype(np.uint8)
-
-
-def e4m3_to_float32(b: np.ndarray) -> np.ndarray:
-    """E4M3FN bytes -> float32 (0x7F/0xFF, NaN, never produced by float32_to_e4m3)."""
-    b = np.asarray(b, np.uint8).astype(np.int64)
-    e, m = (b >> 3) & 0xF, b & 7
-    mag = np.where(e == 0, m * 2.0 ** -9, (1.0 + m / 8.0) * np.exp2(e - 7.0))
-    return np.where(b & 0x80, -mag, mag).astype(np.float32)
-
-
 def quantize_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x: (..., D) -> codes uint8 (E4M3FN bytes) (..., D), scales float32 (...)."""
     x = np.asarray(x, np.float32)
     amax = _amax(x)
     safe = np.where(amax > 0, amax, np.float32(1.0))
     inv = np.where(amax > 0, E4M3_MAX / safe, np.float32(0.0)).astype(np.float32)
-    return float32_to_e4m3(x * inv[..., None]), (amax / E4M3_MAX).astype(np.float32)
+    return encode_e4m3(x * inv[..., None]), (amax / E4M3_MAX).astype(np.float32)
 
 
 def dequantize_fp8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    return e4m3_to_float32(codes) * scales[..., None]
+    return decode_e4m3(codes) * scales[..., None]
 
 
 def fake_quantize_kv(x: np.ndarray, kv_dtype: str) -> np.ndarray:
