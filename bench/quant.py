@@ -78,10 +78,10 @@ def main() -> None:
     names = [m if kv == "float" else f"{m}+kv-{kv}" for m in args.modes.split(",") for kv in kv_dtypes]
     rows: dict[str, dict] = {}
     llms: dict[str, LLM] = {}
+    calib = calib_text(args.engines)  # held out from the scored tokens
     for name in names:
         mode, _, kv = name.partition("+kv-")
         dtype, q = MODES[mode]
-        calib = calib_text(args.engines)  # held out from the scored tokens
         # every calibrated mode (AWQ, GPTQ, SmoothQuant, fp8) sees the same held-out text
         quant = QuantConfig(**q, calib_data=str(calib), calib_samples=args.calib_samples) if q else None
         t = time.perf_counter()
@@ -96,7 +96,8 @@ def main() -> None:
 
     text = read_dataset(WIKITEXT)
     tok = llms[names[0]].tokenizer
-    wins = windows(tok.encode(text, add_special_tokens=False), args.context_len, args.max_tokens)
+    text_ids = tok.encode(text, add_special_tokens=False)  # the whole file, once
+    wins = windows(text_ids, args.context_len, args.max_tokens)
     for name in names:
         rows[name]["ppl"] = round(perplexity(llms[name].score, wins).perplexity, 4)
         print(f"ppl {name}: {rows[name]['ppl']}", file=sys.stderr)
@@ -105,7 +106,7 @@ def main() -> None:
     long_prompt = tok.encode(text[:20000], add_special_tokens=False)[:512]
     greedy = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     runs = {n: {"decode": [], "prefill": [], "decode_long": []} for n in names}
-    ctx_prompt = tok.encode(text, add_special_tokens=False)[:args.long_context]
+    ctx_prompt = text_ids[:args.long_context]
     for n in names:  # warm-up
         llms[n].generate([chat], SamplingParams(max_tokens=8, temperature=0))
     for rep in range(args.repeats):
