@@ -17,7 +17,7 @@ from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.primitives import sqnr_db
 from bessemer.runtime.llm import LLM
 from conftest import WIKITEXT, _hf_model
-from tolerances import FP8_FAKE_QUANT_LOGITS_RTOL, FP8_PPL_REL_CI, FP8_WEIGHT_MIN_SQNR_DB
+from tolerances import FP8_FAKE_QUANT_LOGITS_RTOL, FP8_PPL_REL_TARGET, FP8_WEIGHT_MIN_SQNR_DB
 
 
 def _torch_e4m3(x: np.ndarray) -> np.ndarray:
@@ -97,6 +97,15 @@ def test_fp8_config_and_options():
     assert j["weight_dtype"] == j["activation_dtype"] == "float8_e4m3" and j["algorithm"] == "max"
     assert j["activation_granularity"] == "per_tensor" and j["granularity"] == "per_channel"
     assert j["calib_data"] == "calib.txt" and "group_size" not in j
+    assert j["fp8_rounding"] == "gptq" and j["act_order"] is False  # the defaults, recorded
+    assert QuantConfig("w4a16-gptq", calib_data="x.txt").act_order is True
+    assert "fp8_rounding" not in QuantConfig("w4a16-gptq", calib_data="x.txt").to_json()
+    with pytest.raises(InvalidOptionError, match="--fp8-rounding applies to --quant fp8 only"):
+        QuantConfig("w8a16", fp8_rounding="gptq")
+    with pytest.raises(InvalidOptionError, match="--fp8-rounding must be one of nearest, gptq"):
+        QuantConfig("fp8", fp8_rounding="stochastic", calib_data="x.txt")
+    with pytest.raises(InvalidOptionError, match="--act-order applies to w4a16-gptq and fp8"):
+        QuantConfig("fp8", fp8_rounding="nearest", act_order=True, calib_data="x.txt")
 
 
 # ---------------------------------------------------------------- engines
@@ -156,7 +165,9 @@ def test_fp8_engine_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path, m
     ckpt = _with_tokenizer(tiny_checkpoint(kind), tmp_path / "hf")
     calib = _calib_text(tmp_path)
     # the oracle below runs lm_head in fp32 (the int8 lm_head has its own test in test_quantization)
-    quant = QuantConfig("fp8", calib_data=str(calib), calib_samples=4, calib_seq_len=64, lm_head="none")
+    # and rounds weights to nearest (GPTQ's codes: test_calibrated_quant, SmolLM2 gate below)
+    quant = QuantConfig("fp8", calib_data=str(calib), calib_samples=4, calib_seq_len=64, lm_head="none",
+                        fp8_rounding="nearest")
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
 
     # the engine records a static scale per linear input: calibrated max|x| / 448
@@ -192,19 +203,20 @@ def test_fp8_engine_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path, m
 
 
 def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, monkeypatch):
-    """WikiText-2, short protocol (2048 tokens, windows of 512): fp8 vs fp32 within
-    FP8_PPL_REL_CI (the issue's +2% is not reached; see tolerances.py)."""
+    """WikiText-2 by the issue's protocol (8192 tokens, windows of 1024), calibration on the
+    held-out second half: fp8 (GPTQ-rounded E4M3 weights, static E4M3 activations) within
+    FP8_PPL_REL_TARGET of the fp32 engine."""
     from bessemer.runtime.evaluate import perplexity, read_dataset, windows
 
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     quant = QuantConfig("fp8", calib_data=str(_calib_text(tmp_path)), calib_samples=8, calib_seq_len=512)
-    engine = build_engine(smollm2_dir, tmp_path / "fp8", BuildConfig(quant=quant, max_seq_len=1024))
+    engine = build_engine(smollm2_dir, tmp_path / "fp8", BuildConfig(quant=quant, max_seq_len=2048))
     base = LLM(smollm2_engine("float32"), num_threads=2, enable_prefix_caching=False)
-    wins = windows(base.tokenizer.encode(read_dataset(WIKITEXT), add_special_tokens=False), 512, 2048)
+    wins = windows(base.tokenizer.encode(read_dataset(WIKITEXT), add_special_tokens=False), 1024, 8192)
     ppl32 = perplexity(base.score, wins).perplexity
     ppl8 = perplexity(LLM(engine, num_threads=2, enable_prefix_caching=False).score, wins).perplexity
     assert ppl8 != ppl32  # the quantization is in effect
     print(f"fp8 ppl {ppl8:.4f} vs fp32 {ppl32:.4f}: {100 * (ppl8 / ppl32 - 1):+.2f}%")
-    assert ppl8 <= ppl32 * (1 + FP8_PPL_REL_CI), (ppl8, ppl32)
+    assert ppl8 <= ppl32 * (1 + FP8_PPL_REL_TARGET), (ppl8, ppl32)
     size = lambda e: (e / "rank0.engine").stat().st_size  # noqa: E731
     assert size(engine) < 0.6 * size(smollm2_engine("float32"))

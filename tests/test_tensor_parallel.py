@@ -228,9 +228,9 @@ def test_tp2_equals_tp1_quantized_kv_cache(kv, tiny_engine):
     _compare(tiny_engine("llama-untied", **opts), tiny_engine("llama-untied", tp_size=2, **opts), 250, kv)
 
 
-@pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq"])
+@pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq", "fp8"])
 def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
-    """GPTQ and AWQ on a tiny model with SmolLM2's tokenizer (calibration needs one): one
+    """GPTQ, AWQ and fp8 (GPTQ-rounded) on a tiny model with SmolLM2's tokenizer (calibration needs one): one
     calibration, then each rank takes its slice of the same codes (GPTQ on whole rows)."""
     from bessemer.builder.build import build_engine
     from conftest import WIKITEXT

@@ -113,13 +113,12 @@ FP8_LAYER_MIN_SQNR_DB = 24.0
 # flips stay far below this (measured on the tiny models: <= 4e-7 of max|HF|, no flip,
 # while the quantization itself moves the logits by ~0.1 of max|HF|).
 FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
-# SmolLM2 perplexity of the fp8 engine relative to the fp32 engine. Issue 3 asks for
-# <= +2%; this build misses it: E4M3 per-channel weights alone cost +2.7% on the CI protocol
-# (HF with fake-quantized weights, 2048 tokens, windows of 512; E4M3 weight SQNR 31.6 dB vs
-# int8's 41-42 dB, a property of its 3 mantissa bits, not of the kernel). The CI bound is the
-# regression guard at what is reached (+4.42% measured: 19.3235 vs 18.5063), not the target.
+# SmolLM2 perplexity of the fp8 engine relative to the fp32 engine, by the issue's protocol
+# (8192 tokens, windows of 1024): the issue's target, asserted. Round-to-nearest E4M3 weights
+# miss it (+3.57%: their 3 mantissa bits give ~31.6 dB SQNR vs int8's 41-42 dB); GPTQ on the
+# same per-channel grid (the default --fp8-rounding) measured +1.45% (32 calibration windows)
+# and +1.55% (the 8 windows of CI).
 FP8_PPL_REL_TARGET = 0.02
-FP8_PPL_REL_CI = 0.05
 
 # ---- quantized KV cache (tests/test_kv_quant.py; attention@1 kernel tests use ATTN_FP32_*
 # against the reference with fake-quantized K/V and ATTN_BF16_ERROR_FACTOR against the exact one) ----

@@ -90,18 +90,19 @@ class WeightSource:
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
 
     def _quantize(self, spec: TensorSpec) -> dict:
-        # GPTQ chooses 4-bit codes only (an int8 lm_head is round to nearest)
-        four_bit = dict(spec.quant)["bits"] == 4
-        hessian = self.calibration.hessian_for(spec) if self.calibration and four_bit else None
+        # GPTQ chooses 4-bit and E4M3 codes only (an int8 lm_head is round to nearest)
+        fp8 = dict(spec.quant).get("dtype") == "float8_e4m3"
+        searched = dict(spec.quant)["bits"] == 4 or fp8
+        hessian = self.calibration.hessian_for(spec) if self.calibration and searched else None
         act_order = bool(self.calibration and self.calibration.act_order)
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
-        if dict(spec.quant).get("dtype") == "float8_e4m3":
+        if fp8:
             amax = self.calibration.input_amax_for(spec) if self.calibration else None
             if k_split:
                 full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
-                parts, stats = quantize_fp8_weight(full, amax, k_split[0][2], k_split[0][3])
+                parts, stats = quantize_fp8_weight(full, amax, k_split[0][2], k_split[0][3], hessian, act_order)
             else:
-                parts, stats = quantize_fp8_weight(self.fp32(spec), amax)
+                parts, stats = quantize_fp8_weight(self.fp32(spec), amax, hessian=hessian, act_order=act_order)
             self.quant_stats[spec.source] = stats
             return parts
         if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):

@@ -24,13 +24,14 @@ class CalibrationResult:
     stats: dict  # input key -> activation statistics (quantization/calibration.py)
     algorithm: str
     act_order: bool = False
+    gptq: bool = False  # codes chosen by GPTQ (w4a16-gptq, fp8 --fp8-rounding gptq)
     transforms: dict = field(default_factory=dict)  # AWQ, SmoothQuant: tensor -> (row_scale, col_scale)
     multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
     backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
 
     def hessian_for(self, spec) -> np.ndarray | None:
-        if self.algorithm != "gptq":
+        if not self.gptq:  # cached statistics may hold Hessians that this build does not use
             return None
         module = spec.parts[0].rsplit(".", 1)[0]
         return self.stats[input_key(module)]["hessian"]
@@ -48,9 +49,10 @@ def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, cfg, quant, spec, say)
-    # only GPTQ needs the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
-    stats = collect(ckpt.dir, spec, say, hessian=quant.algorithm == "gptq")
-    result = CalibrationResult(stats, quant.algorithm, quant.act_order,
+    # only GPTQ (int4, or fp8 codes rounded by GPTQ) needs the (K, K) input Hessians; AWQ
+    # and FP8 read abs_mean / abs_max / samples
+    stats = collect(ckpt.dir, spec, say, hessian=quant.uses_gptq)
+    result = CalibrationResult(stats, quant.algorithm, quant.act_order, quant.uses_gptq,
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
     if quant.algorithm == "awq":
@@ -139,15 +141,22 @@ def quantize_weight(w: np.ndarray, quant: tuple, hessian: np.ndarray | None = No
 
 
 def quantize_fp8_weight(rows: np.ndarray, input_amax: float | None, c0: int = 0,
-                        c1: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+                        c1: int | None = None, hessian: np.ndarray | None = None,
+                        act_order: bool = False) -> tuple[dict[str, np.ndarray], dict]:
     """FP8: whole rows (N, K_full) -> stored parts of columns [c0, c1) (a tensor-parallel K
     shard keeps the scales of the full rows) plus the static scale of the input, from the
-    calibrated max |x|; and the SQNR of what is stored."""
+    calibrated max |x|; and the SQNR of what is stored. With the input Hessian (K_full,
+    K_full) the codes come from GPTQ on the same grid, else from round to nearest."""
     from bessemer.quantization import fp8
 
     if input_amax is None:
         raise ValueError("fp8 needs the calibrated max |x| of the weight's input")
-    codes, scale = fp8.quantize_fp8_per_channel(rows)
+    if hessian is not None:
+        from bessemer.quantization.gptq import gptq_fp8
+
+        codes, scale = gptq_fp8(rows, hessian, act_order)
+    else:
+        codes, scale = fp8.quantize_fp8_per_channel(rows)
     codes, w = codes[:, c0:c1], rows[:, c0:c1]
     x_scale = fp8.activation_scale(input_amax)
     parts = {"codes": pack_panel16(codes), "scales": scale, "input_scale": np.array([x_scale], np.float32)}

@@ -10,8 +10,8 @@ from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype",
                 "tp_size")
-QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "calib_data",
-               "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
+QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
+               "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
 
 def _load_yaml(path: str) -> dict:
@@ -62,14 +62,17 @@ def _load_yaml(path: str) -> dict:
               help="w8a8-sq: activation statistics from nvidia-modelopt or our hooks. [default: auto = modelopt if installed]")
 @click.option("--smoothquant-o-proj", "o_proj_smoothing", type=click.Choice(["none", "kernel"]),
               help="w8a8-sq: leave o_proj unsmoothed, or smooth it with a multiplier in the kernel. [default: none]")
-@click.option("--act-order", is_flag=True, default=None, help="GPTQ: quantize columns by decreasing activation energy.")
+@click.option("--act-order/--no-act-order", default=None,
+              help="GPTQ: quantize columns by decreasing activation energy. [default: on for w4a16-gptq, off for fp8]")
+@click.option("--fp8-rounding", type=click.Choice(["nearest", "gptq"]),
+              help="fp8: E4M3 codes by round to nearest, or by GPTQ on the same per-channel grid. [default: gptq]")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
          workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
-         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, dump_ir, config_file, quiet):
+         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
@@ -80,7 +83,8 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
                  max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
                  tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
-                 quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order, lm_head=lm_head,
+                 quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order, fp8_rounding=fp8_rounding,
+                 lm_head=lm_head,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)

@@ -1,12 +1,15 @@
-"""GPTQ: 4-bit codes chosen column by column, each column's rounding error compensated on
-the columns not yet quantized, weighted by the inverse Hessian of the layer's inputs.
+"""GPTQ: codes chosen column by column, each column's rounding error compensated on the
+columns not yet quantized, weighted by the inverse Hessian of the layer's inputs.
 
-Group scales are static (RTN parameters of the original weight, per group), so the result
-lies exactly on the RTN grid and is stored in the same layout. Optional act-order
-quantizes columns by decreasing Hessian diagonal. Reference: Frantar et al., 2022.
+The grid is fixed before the search (RTN parameters of the original weight: int4 group
+scales/offsets, or E4M3 per-channel scales), so the result lies exactly on the grid that
+round to nearest would use and is stored in the same layout. Optional act-order quantizes
+columns by decreasing Hessian diagonal. Reference: Frantar et al., 2022.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -16,13 +19,12 @@ DAMP = 0.01
 BLOCK = 128
 
 
-def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
-              act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """w: (N, K) fp32, hessian: (K, K) = sum x^T x. Returns codes (N, K) uint8, scale,
-    offset (N, K // group)."""
+def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: bool = False) -> np.ndarray:
+    """w: (N, K) fp32, hessian: (K, K) = sum x^T x; round_column(col (N,), j) -> the grid
+    value nearest col for original column j, (N,) torch float32. Returns the chosen
+    (N, K) fp32 weight, every entry on the grid."""
     import torch
 
-    scale, offset = prim.int4_group_params(w, group, zero_point)
     W = torch.from_numpy(np.array(w, dtype=np.float32))
     H = torch.from_numpy(np.array(hessian, dtype=np.float64))
     k = W.shape[1]
@@ -33,20 +35,50 @@ def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(k)
     W, H = W[:, perm], H[perm][:, perm]
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
-    sc = torch.from_numpy(scale)[:, perm // group]  # per (original) column: (N, K)
-    off = torch.from_numpy(offset)[:, perm // group]
     Q = torch.zeros_like(W)
     for i1 in range(0, k, BLOCK):
         i2 = min(i1 + BLOCK, k)
         W1, E1, h1 = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1), hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = W1[:, i]
-            s, o = sc[:, i1 + i], off[:, i1 + i]
-            q = torch.clamp(torch.round((col - o) / s), 0, prim.INT4_LEVELS - 1) * s + o
+            q = round_column(col, int(perm[i1 + i]))
             Q[:, i1 + i] = q
             err = (col - q) / h1[i, i]
             W1[:, i:] -= err[:, None] * h1[i, i:][None, :]
             E1[:, i] = err
         W[:, i2:] -= E1 @ hinv[i1:i2, i2:]
-    Q = Q[:, torch.argsort(perm)].numpy()
+    return Q[:, torch.argsort(perm)].numpy()
+
+
+def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
+              act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Returns codes (N, K) uint8, scale, offset (N, K // group) of the RTN group grid."""
+    import torch
+
+    scale, offset = prim.int4_group_params(w, group, zero_point)
+    sc, off = torch.from_numpy(scale), torch.from_numpy(offset)
+
+    def round_column(col, j):
+        s, o = sc[:, j // group], off[:, j // group]
+        return torch.clamp(torch.round((col - o) / s), 0, prim.INT4_LEVELS - 1) * s + o
+
+    Q = gptq(w, hessian, round_column, act_order)
     return prim.quantize_int4(Q, scale, offset, group), scale, offset
+
+
+def gptq_fp8(w: np.ndarray, hessian: np.ndarray, act_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """E4M3 codes (N, K) uint8 and the per-channel scales (N,) of round to nearest
+    (amax / 448 of each original row), the codes chosen by GPTQ."""
+    import torch
+
+    from bessemer.quantization import fp8
+
+    scale = fp8.channel_scales(w)
+    s = torch.from_numpy(scale)
+
+    def round_column(col, j):  # torch's cast is round to nearest even, like fp8.round_to_e4m3
+        v = torch.clamp(col / s, -fp8.E4M3_MAX, fp8.E4M3_MAX)
+        return v.to(torch.float8_e4m3fn).to(torch.float32) * s
+
+    Q = gptq(w, hessian, round_column, act_order)
+    return fp8.encode_e4m3(Q / scale[:, None]), scale
