@@ -98,11 +98,10 @@ class WeightSource:
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
         if fp8:
             amax = self.calibration.input_amax_for(spec) if self.calibration else None
-            if k_split:
-                full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
-                parts, stats = quantize_fp8_weight(full, amax, k_split[0][2], k_split[0][3], hessian, act_order)
-            else:
-                parts, stats = quantize_fp8_weight(self.fp32(spec), amax, hessian=hessian, act_order=act_order)
+            # a K shard reads whole rows (N_shard, K): scales and GPTQ see the full row
+            c0, c1 = (k_split[0][2], k_split[0][3]) if k_split else (0, None)
+            parts, stats = quantize_fp8_weight(self.fp32(spec, full_rows=bool(k_split)), amax, c0, c1,
+                                               hessian, act_order)
             self.quant_stats[spec.source] = stats
             return parts
         if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):
