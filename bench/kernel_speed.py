@@ -1,5 +1,6 @@
 """Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
-quantized linears (linear_w8a16@1, linear_w4a16@1, linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
+quantized linears (linear_w8a16@1, linear_w4a16@1 as "int4", linear_w4a16@2 (bf16 activations) as
+"int4@2", linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
 they come from DRAM, not from cache), next to the copy bandwidth of numpy. For the
@@ -80,7 +81,7 @@ def weight_entries(name, w, dtype):
         return [TensorEntry(name, "int8", "vnni16", (N, K), lambda: pack_vnni16(q)),
                 TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc),
                 TensorEntry(name + ".ws", "int32", "row_major", (N,), lambda: ws)], [name, name + ".s", name + ".ws"]
-    if dtype == "int4":
+    if dtype.startswith("int4"):
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
         return [TensorEntry(name, "int4", "panel16_int4", (N, K), lambda: pack_panel16_int4(codes)),
@@ -91,7 +92,7 @@ def weight_entries(name, w, dtype):
 
 
 def weight_nbytes(N, K, dtype):
-    if dtype == "int4":
+    if dtype.startswith("int4"):
         return packed_nbytes((N, K), "int4", "panel16_int4") + 2 * packed_nbytes((N, K // W4_GROUP), "float32", "panel16")
     if dtype == "int8":
         return packed_nbytes((N, K), "int8", "panel16") + 4 * N
@@ -103,14 +104,16 @@ def weight_nbytes(N, K, dtype):
 def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
-    op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "w8a8": "linear_w8a8"}.get(dtype, "linear")
-    attrs = {"group_size": W4_GROUP} if dtype == "int4" else {}
+    op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "int4@2": "linear_w4a16",
+          "w8a8": "linear_w8a8"}.get(dtype, "linear")
+    version = 2 if dtype == "int4@2" else 1
+    attrs = {"group_size": W4_GROUP} if dtype.startswith("int4") else {}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
     entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
     for r in range(R):
         ents, names = weight_entries(f"w{r}", weights[r % len(weights)], dtype)
         entries += ents
-        steps.append({"op": op, "version": 1, "ins": [[0, 0, K]], "outs": [[1, 0, N]], "weights": names,
+        steps.append({"op": op, "version": version, "ins": [[0, 0, K]], "outs": [[1, 0, N]], "weights": names,
                       "attrs": attrs})
     plan = {"buffers": [{"id": 0, "width": K, "rows": "tokens"}, {"id": 1, "width": N, "rows": "tokens"}],
             "steps": steps, "kv_cache": {"num_layers": 0, "num_kv_heads": 1, "head_dim": 1, "dtype": "float32"},
@@ -164,8 +167,8 @@ SMOLLM2_SHAPES = [(1536, 576), (576, 1536), (49152, 576), (960, 576)]  # (N, K)
 
 
 def bench_quant(tmp, args, rng):
-    """fp32 vs int8 vs int4 (g64) weights: GEMV on SmolLM2 shapes, then GEMM."""
-    kinds = ["float32", "int8", "int4", "w8a8"]
+    """fp32 vs int8 vs int4 (g64; @1 fp32 and @2 bf16 activations) weights: GEMV on SmolLM2 shapes, then GEMM."""
+    kinds = ["float32", "int8", "int4", "int4@2", "w8a8"]
     print("\nQuantized GEMV M=1 (weights from DRAM); f32-eq GB/s = N*K*4 bytes / time")
     print(f"{'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'us':>8} {'GB/s':>6} {'f32-eq GB/s':>11} {'speed-up':>8}")
     for N, K in SMOLLM2_SHAPES:

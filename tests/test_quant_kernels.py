@@ -65,16 +65,23 @@ def w4_entries(W, G, zero_point):
     return ents, dequantize_int4(codes, s, o, G)
 
 
-def quant_plan(kind, N, K, bias, G=None, x_col=3, y_col=2):
+def quant_plan(kind, N, K, bias, G=None, x_col=3, y_col=2, version=1):
     """embedding -> quantized linear; x at column x_col of a wider buffer, y at y_col."""
     ws = ["q", "s"] if kind == "w8" else ["c", "s", "o"]
     if bias:
         ws.append("b")
     attrs = {} if kind == "w8" else {"group_size": G}
     op = "linear_w8a16" if kind == "w8" else "linear_w4a16"
-    lin = step(op, [[0, x_col, K]], [[1, y_col, N]], ws, attrs)
+    lin = step(op, [[0, x_col, K]], [[1, y_col, N]], ws, attrs, version)
     return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
                      [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
+
+
+def round_to_bf16(a):
+    """fp32 -> nearest-even bf16 values, as fp32 (the rounding of linear_w4a16@2)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return u.view(np.float32)
 
 
 def write(path, plan, entries):
@@ -89,11 +96,12 @@ def executor(path, isa, threads=2):
     return _C.Executor(f, hdr["tensors"], hdr["plan"], threads, 16, 1, isa)
 
 
-def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True):
+def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1):
     N, K = W.shape
     ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point)
     ents = [f32_entry("emb", table)] + ents + ([f32_entry("b", bias)] if bias is not None else [])
-    path = write(tmp_path / f"{kind}.engine", quant_plan(kind, N, K, bias is not None, G), ents)
+    plan = quant_plan(kind, N, K, bias is not None, G, version=version)
+    path = write(tmp_path / f"{kind}.engine", plan, ents)
     out = run_flat(executor(path, isa, threads), tokens)
     return out, Wd
 
@@ -129,17 +137,22 @@ W4_CASES = [  # M, N, K, G, bias, zero_point, threads
 ]
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("M,N,K,G,bias,zero_point,threads", W4_CASES)
-def test_linear_w4a16(tmp_path, isa, M, N, K, G, bias, zero_point, threads):
+def test_linear_w4a16(tmp_path, version, isa, M, N, K, G, bias, zero_point, threads):
+    """@1: fp32 activations; @2: activations rounded to bf16 (nearest even), then the same
+    math (AVX-512 BF16 dot products where the CPU has them, else the @1 kernels on bf16(x))."""
     rng = np.random.default_rng(M * 1000 + N + K + G)
     table = rng.standard_normal((V, K)).astype(np.float32)
     W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32) if bias else None
     tokens = rng.integers(0, min(V, N), M)
-    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point)
-    ref = table[tokens].astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
-    assert_close(out, ref, tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL, "linear_w4a16")
+    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point, version)
+    x = table[tokens] if version == 1 else round_to_bf16(table[tokens])
+    ref = x.astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
+    rtol, atol = (tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL) if version == 1 else (tol.W4_BF16_RTOL, tol.W4_BF16_ATOL)
+    assert_close(out, ref, rtol, atol, f"linear_w4a16@{version}")
 
 
 def test_int4_layout_lanes(tmp_path):

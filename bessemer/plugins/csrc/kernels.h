@@ -46,12 +46,25 @@ void linear_w8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const
                       int K, const float* bias, float* y, int64_t ldy, int nthreads);
 // int4: codes panel16_int4 [N, K]; scales, offsets panel16 [N, K/group]:
 // w = scale * code + offset per group.
+// round_x: linear_w4a16@2 on a CPU without AVX512_BF16 + VBMI: x rounded to bf16 values
+// first (round_rows_to_bf16_f32), so every CPU computes @2's products.
 void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                     const float* offsets, int group, int N, int K, const float* bias, float* y,
-                    int64_t ldy, int nthreads);
+                    int64_t ldy, int nthreads, bool round_x);
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y,
-                      int64_t ldy, int nthreads);
+                      int64_t ldy, int nthreads, bool round_x);
+// linear_w4a16@2 (linear_w4_bf16_avx512.cpp): bf16 activations, vdpbf16ps; needs
+// AVX512_BF16 and AVX512_VBMI (linear_w4_bf16_avx512_available()).
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+                           const float* offsets, int group, int N, int K, const float* bias, float* y,
+                           int64_t ldy, int nthreads);
+bool linear_w4_bf16_avx512_available();
+// rows x kc of x (row stride ldx) rounded to bf16 (nearest even, denormals to zero: what
+// vcvtneps2bf16 does) and stored as fp32 at out (row stride ldq, columns kc..ldq-1 zero).
+void round_rows_to_bf16_f32(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq);
+// Largest group_size of linear_w4a16@2 (its prepared activations live on the stack).
+int linear_w4a16_v2_max_group();
 
 // int8 x int8 (linear_w8a8.cpp, linear_w8a8_avx512.cpp): q int8 vnni16 [N, K], ws [N], wsum
 // [N] = sum_k q[n, k], smooth [K] or null; activations quantized per row inside.

@@ -50,6 +50,18 @@ struct UkArgs {
     int64_t pf_next;
 };
 
+// Optional activation preparation (linear_w4a16@2): the x block of a thread's row block
+// and K block (rows x kc, row stride ldx) is converted once into a stack buffer (row
+// stride ldq elements of esize bytes, ldq = kc rounded up to even, the pad column zero),
+// and the microkernels read it through UkArgs::x / ldx (a.x points into the buffer, to be
+// cast to the element type; ldx is then in elements of esize bytes). Converting once per
+// block instead of per panel group keeps the conversion off the weight stream.
+using XPrepFn = void (*)(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq);
+constexpr int kXPrepBytes = 128 * 1024;  // per-thread prepared-activation buffer (stack)
+
+// Largest group size a prepared linear supports: MR (<= 8) rows of one group must fit.
+constexpr int kXPrepMaxGroup = kXPrepBytes / (8 * 4);
+
 // Quantization parameters of a linear (see UkArgs).
 struct QuantParams {
     const float* scales;
@@ -62,10 +74,12 @@ using UkFn = void (*)(const UkArgs&);
 inline int drv_min(int a, int b) { return a < b ? a : b; }
 inline int drv_max(int a, int b) { return a > b ? a : b; }
 
-// table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR; kbytes: weight bytes per panel and k.
+// table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR; kbytes: weight bytes per panel and k;
+// prep / esize: optional activation preparation (see XPrepFn; group <= kXPrepMaxGroup).
 inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, int kbytes, int N,
                            int K, const float* bias, float* y, int64_t ldy, int nthreads, int MR,
-                           int NR, const UkFn* table, int tstride, const QuantParams* q) {
+                           int NR, const UkFn* table, int tstride, const QuantParams* q,
+                           XPrepFn prep = nullptr, int esize = 0) {
     const int P = (N + 15) / 16;
     const int64_t pstride = int64_t(K) * kbytes;
     const int group = q ? q->group : 0;
@@ -84,12 +98,23 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
     const int G = (P + NR - 1) / NR;
     int nkb = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
     int kc = (K + nkb - 1) / nkb;
+    // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
+    // groups; one group always fits, group <= kXPrepMaxGroup).
+    const int cap = prep ? (kXPrepBytes / (MR * esize)) & ~1 : K;
+    if (kc > cap) {
+        nkb = (K + cap - 1) / cap;
+        kc = (K + nkb - 1) / nkb;
+    }
     if (group > 0) {  // whole groups per K block
         kc = (kc + group - 1) / group * group;
+        if (kc > cap) kc = drv_max(group, cap / group * group);
         nkb = (K + kc - 1) / kc;
     }
-    // Row block: x block of about 384 KiB (L2), a multiple of MR.
-    const int Mc = drv_max(MR, (384 * 1024 / 4) / kc / MR * MR);
+    const int ldq = (kc + 1) / 2 * 2;
+    // Row block: x block of about 384 KiB (L2), a multiple of MR (and within the buffer).
+    int Mc = (384 * 1024 / 4) / kc;
+    if (prep) Mc = drv_min(Mc, kXPrepBytes / (ldq * esize));
+    Mc = drv_max(MR, Mc / MR * MR);
     const bool par = nthreads > 1 && double(M) * N * K >= 2e5 && (G > 1 || M > MR);
     const int T = par ? nthreads : 1;
     // Thread grid: split groups, or rows when groups split unevenly and rows are plentiful.
@@ -100,6 +125,7 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
     }
 #pragma omp parallel num_threads(T) if (T > 1)
     {
+        alignas(64) char xq[kXPrepBytes];  // prepared x block (stack: no allocation per call)
         const int tid = T > 1 ? omp_get_thread_num() : 0;
         int ga = 0, gb = G, ma = 0, mb = M;
         if (T > 1) {
@@ -124,6 +150,10 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
             const int m_end = drv_min(mb, m_blk + Mc);
             for (int kb = 0; kb < nkb; ++kb) {
                 const int k0 = kb * kc, kcur = drv_min(kc, K - k0);
+                if (prep) {
+                    prep(x + int64_t(m_blk) * ldx + k0, ldx, m_end - m_blk, kcur, xq, ldq);
+                    a.ldx = ldq;
+                }
                 a.kc = kcur;
                 a.accumulate = kb > 0;
                 for (int g = ga; g < gb; ++g) {
@@ -142,7 +172,8 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
                     }
                     for (int m0 = m_blk; m0 < m_end; m0 += MR) {
                         const int mr = drv_min(MR, m_end - m0);
-                        a.x = x + m0 * ldx + k0;
+                        a.x = prep ? reinterpret_cast<const float*>(xq + int64_t(m0 - m_blk) * ldq * esize)
+                                   : x + m0 * ldx + k0;
                         a.y = y + m0 * ldy + 16 * p0;
                         table[mr * tstride + nr](a);
                     }

@@ -4,6 +4,12 @@
 //   w4: codes int4 panel16_int4 [N, K], scales and offsets panel16 [N, K/G]:
 //       y = sum_g scales[:, g] * (x_g @ codes_g^T) + offsets[:, g] * sum(x_g) (+ bias)
 //
+// linear_w4a16@2: the same weights and formula with x rounded to bf16 first (xb), so the
+// dot products run on vdpbf16ps (linear_w4_bf16_avx512.cpp: twice the products per
+// instruction and a cheaper code decode; measured on SmolLM2 in bench/kernel_speed.py).
+// A CPU without AVX512_BF16 + VBMI runs @2 as the @1 microkernels on xb, so an engine
+// computes the same products everywhere.
+//
 // This file holds prepare/run (ISA dispatch) and the AVX2 microkernels; the AVX-512 ones
 // live in linear_quant_avx512.cpp. Both run under the blocking/threading driver of
 // linear@1 (linear_driver.h). The codes are widened to fp32 in registers inside the k
@@ -12,6 +18,7 @@
 // group in the microkernel epilogue, so conversion cost is paid once per weight and k and
 // shared by the MR rows of the microkernel.
 #include <algorithm>
+#include <cstring>
 
 #include "kernels.h"
 #include "linear_driver.h"
@@ -67,10 +74,14 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
     expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
     if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    if (c.version >= 2 && G > linear_w4a16_v2_max_group())
+        kernel_error(c, "group_size " + std::to_string(G) + " is larger than linear_w4a16@2 supports (" +
+                            std::to_string(linear_w4a16_v2_max_group()) + "); rebuild with a smaller --group-size");
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
     c.iv[0] = N;
     c.iv[1] = K;
     c.iv[2] = G;
+    c.iv[3] = c.version >= 2 && linear_w4_bf16_avx512_available();
 }
 
 void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
@@ -83,12 +94,34 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
-    if (ctx.isa == Isa::AVX512)
+    const bool round_x = c.version >= 2;  // @2: bf16 activations
+    if (ctx.isa == Isa::AVX512 && c.iv[3])
+        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
+                              ctx.nthreads);
+    else if (ctx.isa == Isa::AVX512)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
-                         ctx.nthreads);
+                         ctx.nthreads, round_x);
     else
         linear_w4_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
-                       ctx.nthreads);
+                       ctx.nthreads, round_x);
+}
+
+int linear_w4a16_v2_max_group() { return kXPrepMaxGroup; }
+
+void round_rows_to_bf16_f32(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
+    for (int r = 0; r < rows; ++r) {
+        const float* s = x + r * ldx;
+        float* d = static_cast<float*>(out) + r * ldq;
+        for (int i = 0; i < kc; ++i) {
+            uint32_t u;
+            std::memcpy(&u, s + i, 4);
+            if ((u & 0x7F800000u) == 0) u &= 0x80000000u;  // denormal -> signed zero
+            else if ((u & 0x7FFFFFFFu) <= 0x7F800000u) u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+            else u |= 0x00400000u;  // NaN stays a (quiet) NaN
+            std::memcpy(d + i, &u, 4);
+        }
+        for (int64_t i = kc; i < ldq; ++i) d[i] = 0.0f;
+    }
 }
 
 // ---------------------------------------------------------------- AVX2
@@ -256,10 +289,10 @@ void linear_w8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const f
 
 void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                     const float* offsets, int group, int N, int K, const float* bias, float* y, int64_t ldy,
-                    int nthreads) {
+                    int nthreads, bool round_x) {
     const QuantParams qp{scales, offsets, group};
     linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableW4.f,
-                   kNR2 + 1, &qp);
+                   kNR2 + 1, &qp, round_x ? round_rows_to_bf16_f32 : nullptr, 4);
 }
 
 }  // namespace bessemer

@@ -19,7 +19,8 @@ void linear_w8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const
                       int K, const float* bias, float* y, int64_t ldy, int nthreads);
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y,
-                      int64_t ldy, int nthreads);
+                      int64_t ldy, int nthreads, bool round_x);
+void round_rows_to_bf16_f32(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq);
 
 namespace {
 
@@ -104,7 +105,7 @@ void ukr_q_avx512(const UkArgs& a) {
         for (int k = k0; k < k1; ++k) {
             if (a.pf_next && (k & (kLineK - 1)) == 0) {
 #pragma GCC unroll 4
-                for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * kBytes + a.pf_next, _MM_HINT_T0);
+                for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * kBytes + a.pf_next, _MM_HINT_T1);
                 const int64_t i0 = (k / kLineK) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
                 for (int64_t i = i0; i < i1; i += 16) {
                     _mm_prefetch(reinterpret_cast<const char*>(pq_s + i), _MM_HINT_T0);
@@ -180,10 +181,10 @@ void linear_w8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const
 
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y, int64_t ldy,
-                      int nthreads) {
+                      int nthreads, bool round_x) {
     const QuantParams qp{scales, offsets, group};
     linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, kTableW4.f,
-                   kNR + 1, &qp);
+                   kNR + 1, &qp, round_x ? round_rows_to_bf16_f32 : nullptr, 4);
 }
 
 }  // namespace bessemer

@@ -22,6 +22,7 @@ const KernelDef kKernels[] = {
     {"linear", 1, prepare_linear, run_linear},
     {"linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},
     {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
+    {"linear_w4a16", 2, prepare_linear_w4a16, run_linear_w4a16},
     {"linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {"linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
     {"rms_norm", 1, prepare_rms_norm, run_rms_norm},
