@@ -22,7 +22,7 @@ from bessemer.quantization.kv_cache import PLAN_DTYPE
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
 # Kernels that implement a graph op for a stored format other than the op's own.
-KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 1, "linear_w8a8": 1, "linear_fp8": 1, "embedding_w8a16": 1}
+KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 2, "linear_w8a8": 1, "linear_fp8": 1, "embedding_w8a16": 1}
 # Stored parts of a quantized weight besides its codes, in plan order.
 QUANT_PARTS = ("scales", "offsets", "wsum", "smooth", "input_scale")
 
