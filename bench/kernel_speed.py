@@ -1,6 +1,7 @@
 """Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
 quantized linears (linear_w8a16@1, linear_w4a16@1 as "int4", linear_w4a16@2 (bf16 activations) as
-"int4@2", linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
+"int4@2" with the builder's panel16_int4_k8 codes and "int4@2p" with panel16_int4 codes,
+linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
 they come from DRAM, not from cache), next to the copy bandwidth of numpy. For the
@@ -35,7 +36,13 @@ from bessemer.builder.engine_format import (  # noqa: E402
     packed_nbytes,
     write_rank_file,
 )
-from bessemer.quantization.packing import pack_group_params, pack_panel16_int4, pack_vnni16  # noqa: E402
+from bessemer.quantization.packing import (  # noqa: E402
+    int4_codes_layout,
+    pack_group_params,
+    pack_int4_codes,
+    pack_panel16_int4,
+    pack_vnni16,
+)
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
@@ -81,10 +88,12 @@ def weight_entries(name, w, dtype):
         return [TensorEntry(name, "int8", "vnni16", (N, K), lambda: pack_vnni16(q)),
                 TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc),
                 TensorEntry(name + ".ws", "int32", "row_major", (N,), lambda: ws)], [name, name + ".s", name + ".ws"]
-    if dtype.startswith("int4"):
+    if dtype.startswith("int4"):  # int4@2: the builder's codes layout (panel16_int4_k8); int4@2p: panel16_int4
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
-        return [TensorEntry(name, "int4", "panel16_int4", (N, K), lambda: pack_panel16_int4(codes)),
+        layout = int4_codes_layout(K) if dtype == "int4@2" else "panel16_int4"
+        return [TensorEntry(name, "int4", layout, (N, K),
+                            lambda: pack_int4_codes(codes) if layout != "panel16_int4" else pack_panel16_int4(codes)),
                 TensorEntry(name + ".s", "float32", "panel16", sc.shape, lambda: pack_group_params(sc)),
                 TensorEntry(name + ".o", "float32", "panel16", off.shape, lambda: pack_group_params(off))], \
             [name, name + ".s", name + ".o"]
@@ -104,9 +113,9 @@ def weight_nbytes(N, K, dtype):
 def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
-    op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "int4@2": "linear_w4a16",
+    op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "int4@2": "linear_w4a16", "int4@2p": "linear_w4a16",
           "w8a8": "linear_w8a8"}.get(dtype, "linear")
-    version = 2 if dtype == "int4@2" else 1
+    version = 2 if dtype.startswith("int4@2") else 1
     attrs = {"group_size": W4_GROUP} if dtype.startswith("int4") else {}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
     entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
@@ -168,7 +177,7 @@ SMOLLM2_SHAPES = [(1536, 576), (576, 1536), (49152, 576), (960, 576)]  # (N, K)
 
 def bench_quant(tmp, args, rng):
     """fp32 vs int8 vs int4 (g64; @1 fp32 and @2 bf16 activations) weights: GEMV on SmolLM2 shapes, then GEMM."""
-    kinds = ["float32", "int8", "int4", "int4@2", "w8a8"]
+    kinds = ["float32", "int8", "int4", "int4@2p", "int4@2", "w8a8"]
     print("\nQuantized GEMV M=1 (weights from DRAM); f32-eq GB/s = N*K*4 bytes / time")
     print(f"{'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'us':>8} {'GB/s':>6} {'f32-eq GB/s':>11} {'speed-up':>8}")
     for N, K in SMOLLM2_SHAPES:

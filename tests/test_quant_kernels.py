@@ -21,7 +21,12 @@ from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step
 
 from bessemer import _C  # noqa: E402
 from bessemer.builder.engine_format import TensorEntry, pack_panel16, packed_nbytes, write_rank_file  # noqa: E402
-from bessemer.quantization.packing import pack_group_params, pack_panel16_int4  # noqa: E402
+from bessemer.quantization.packing import (  # noqa: E402
+    pack_group_params,
+    pack_panel16_int4,
+    pack_panel16_int4_k8,
+    unpack_panel16_int4_k8,
+)
 from bessemer.quantization.primitives import (  # noqa: E402
     dequantize_int4,
     dequantize_int8_per_channel,
@@ -56,10 +61,13 @@ def w8_entries(W):
     return ents, dequantize_int8_per_channel(q, s)
 
 
-def w4_entries(W, G, zero_point):
+INT4_PACKERS = {"panel16_int4": pack_panel16_int4, "panel16_int4_k8": pack_panel16_int4_k8}
+
+
+def w4_entries(W, G, zero_point, layout="panel16_int4"):
     s, o = int4_group_params(W, G, zero_point)
     codes = quantize_int4(W, s, o, G)
-    ents = [entry("c", "int4", "panel16_int4", codes.shape, pack_panel16_int4(codes)),
+    ents = [entry("c", "int4", layout, codes.shape, INT4_PACKERS[layout](codes)),
             entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
             entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
     return ents, dequantize_int4(codes, s, o, G)
@@ -96,9 +104,10 @@ def executor(path, isa, threads=2):
     return _C.Executor(f, hdr["tensors"], hdr["plan"], threads, 16, 1, isa)
 
 
-def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1):
+def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1,
+              layout="panel16_int4"):
     N, K = W.shape
-    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point)
+    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point, layout)
     ents = [f32_entry("emb", table)] + ents + ([f32_entry("b", bias)] if bias is not None else [])
     plan = quant_plan(kind, N, K, bias is not None, G, version=version)
     path = write(tmp_path / f"{kind}.engine", plan, ents)
@@ -137,39 +146,62 @@ W4_CASES = [  # M, N, K, G, bias, zero_point, threads
 ]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version,layout", [(1, "panel16_int4"), (2, "panel16_int4"), (2, "panel16_int4_k8")])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("M,N,K,G,bias,zero_point,threads", W4_CASES)
-def test_linear_w4a16(tmp_path, version, isa, M, N, K, G, bias, zero_point, threads):
+def test_linear_w4a16(tmp_path, version, layout, isa, M, N, K, G, bias, zero_point, threads):
     """@1: fp32 activations; @2: activations rounded to bf16 (nearest even), then the same
-    math (AVX-512 BF16 dot products where the CPU has them, else the @1 kernels on bf16(x))."""
+    math (AVX-512 BF16 dot products where the CPU has them, else the @1 kernels on bf16(x));
+    @2 with panel16_int4_k8 codes: the shift decode, or (avx2) the codes re-laid at load."""
+    if layout == "panel16_int4_k8" and K % 8:
+        pytest.skip("panel16_int4_k8 needs K a multiple of 8")
     rng = np.random.default_rng(M * 1000 + N + K + G)
     table = rng.standard_normal((V, K)).astype(np.float32)
     W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32) if bias else None
     tokens = rng.integers(0, min(V, N), M)
-    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point, version)
+    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point, version, layout)
     x = table[tokens] if version == 1 else round_to_bf16(table[tokens])
     ref = x.astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
     rtol, atol = (tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL) if version == 1 else (tol.W4_BF16_RTOL, tol.W4_BF16_ATOL)
     assert_close(out, ref, rtol, atol, f"linear_w4a16@{version}")
 
 
-def test_int4_layout_lanes(tmp_path):
-    """Each code of panel16_int4 lands on its own row and k (one-hot weights)."""
+@pytest.mark.parametrize("version,layout", [(1, "panel16_int4"), (2, "panel16_int4"), (2, "panel16_int4_k8")])
+def test_int4_layout_lanes(tmp_path, version, layout):
+    """Each code lands on its own row and k (one-hot weights; exact in bf16 too)."""
     N, K = 16, 16
     codes = np.zeros((N, K), np.uint8)
     for n in range(N):
         codes[n, (3 * n) % K] = n % 15 + 1
     s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
     table = np.eye(K, dtype=np.float32)
-    ents = [f32_entry("emb", table), entry("c", "int4", "panel16_int4", (N, K), pack_panel16_int4(codes)),
+    ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), INT4_PACKERS[layout](codes)),
             entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
             entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
-    path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0), ents)
+    path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0, version), ents)
     for isa in ISAS:
         out = run_flat(executor(path, isa, 1), np.arange(K))
         np.testing.assert_array_equal(out, codes.T.astype(np.float32))
+
+
+def test_panel16_int4_k8_packing():
+    """Round trip, and the property the kernel decodes by: 16-bit word 2r + e of block b holds
+    row r at k = 8b + 2j + e in nibble j."""
+    rng = np.random.default_rng(5)
+    for n, k in [(16, 8), (20, 64), (33, 96)]:
+        codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+        packed = pack_panel16_int4_k8(codes)
+        assert packed.size == packed_nbytes((n, k), "int4", "panel16_int4_k8")
+        np.testing.assert_array_equal(unpack_panel16_int4_k8(packed, n, k), codes)
+    words = pack_panel16_int4_k8(codes[:16, :16]).view("<u2").reshape(2, 32)  # [b, word]
+    for b in range(2):
+        for r in range(16):
+            for e in range(2):
+                for j in range(4):
+                    assert (words[b, 2 * r + e] >> (4 * j)) & 15 == codes[r, 8 * b + 2 * j + e]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_panel16_int4_k8(codes[:, :12])
 
 
 # ---------------------------------------------------------------- quantization quality
@@ -259,6 +291,24 @@ def test_panel16_int4_tensor_checks(tmp_path):
         t[1][key] = val
         with pytest.raises(ValueError, match=match):
             _C.Executor(f, t, hdr["plan"], 1, 16, 1)
+
+
+def test_panel16_int4_k8_checks(tmp_path):
+    """k8 codes: K a multiple of 8 (tensor check); only linear_w4a16@2 reads them."""
+    N, K, G = 40, 96, 32
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    c = zeros_entry("c", "int4", "panel16_int4_k8", (N, K))
+    s, o = (zeros_entry(n, "float32", "panel16", (N, K // G)) for n in "so")
+    _load_err(tmp_path, quant_plan("w4", N, K, False, G, version=1), [emb, c, s, o], "weight c: layout panel16_int4_k8")
+    path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, G, version=2), [emb, c, s, o])
+    f = _C.EngineFile(str(path))
+    hdr = json.loads(f.header)
+    _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)  # loads
+    t = json.loads(json.dumps(hdr["tensors"]))
+    t[1]["shape"] = [N * 2, K // 2 - 4]  # same bytes, K = 44
+    t[1]["nbytes"] = 48 * 2 * (K // 2 - 4) // 2
+    with pytest.raises(ValueError, match="panel16_int4_k8 layout needs K a multiple of 8"):
+        _C.Executor(f, t, hdr["plan"], 1, 16, 1)
 
 
 # ---------------------------------------------------------------- int8 table shared by embedding and lm_head

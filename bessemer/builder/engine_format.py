@@ -49,7 +49,7 @@ import numpy as np
 
 MAGIC = b"BESSEMER"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1: layout panel16_int4_k8
 PREAMBLE = struct.Struct("<8sHHIQ")  # magic, major, minor, flags, header_len
 DATA_ALIGN = 4096
 TENSOR_ALIGN = 64
@@ -65,7 +65,7 @@ DTYPE_IDS = {
     "float8_e4m3": 6,
     "int4": 7,
 }
-DTYPE_SIZES = {"int4": 1,  # only in panel16_int4, whose size rule halves it
+DTYPE_SIZES = {"int4": 1,  # only in panel16_int4(_k8), whose size rule halves it
                "float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4,
                "float8_e4m3": 1}
 
@@ -82,7 +82,13 @@ DTYPE_SIZES = {"int4": 1,  # only in panel16_int4, whose size rule halves it
 #              16 rows, K padded with zeros to Kp = a multiple of 4, k in groups of 4:
 #              W[16p + j, 4g + i] at byte ((p*Kp/4 + g)*16 + j)*4 + i. One 64-byte load is
 #              16 rows x 4 k, the operand of one vpdpbusd (16 int32 lanes).
-LAYOUT_IDS = {"row_major": 0, "panel16": 1, "panel16_int4": 2, "vnni16": 3}
+#   panel16_int4_k8: 4-bit codes (dtype int4) of a [N, K] matrix, K a multiple of 8, for
+#              the bf16 dot-product kernel (linear_w4a16@2): ceil(N/16) panels of 16 rows,
+#              each K/8 blocks of 64 bytes (8 k); in block b of panel p, byte 4r + 2e + h
+#              holds the code of row 16p + r at k = 8b + 4h + e in its low nibble and at
+#              k = 8b + 4h + 2 + e in its high nibble. So 16-bit word 2r + e holds k =
+#              8b + 2j + e in nibble j: one shift per k pair j lines up 16 rows x 2 k.
+LAYOUT_IDS = {"row_major": 0, "panel16": 1, "panel16_int4": 2, "vnni16": 3, "panel16_int4_k8": 4}
 PANEL = 16
 
 
@@ -97,7 +103,7 @@ def packed_nbytes(shape: tuple[int, ...], dtype: str, layout: str) -> int:
     if layout == "panel16":
         n, k = shape
         return align_up(n, PANEL) * k * elem
-    if layout == "panel16_int4":
+    if layout in ("panel16_int4", "panel16_int4_k8"):
         n, k = shape
         return align_up(n, PANEL) * k // 2
     if layout == "vnni16":

@@ -57,8 +57,11 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    y = sum over groups g of scales[:, g] * (x_g @ codes_g.T) + offsets[:, g] *
                    sum(x_g) (+ bias): per group one integer-code dot product and one row sum
     linear_w4a16@2 as @1 with x rounded to bf16 (nearest even) first: bf16 x code dot
-                   products (vdpbf16ps with AVX512_BF16 + VBMI, else @1's kernels on bf16(x));
-                   group_size <= 4096. What the builder emits; @1 engines still run
+                   products (vdpbf16ps with AVX512_BF16, else @1's kernels on bf16(x));
+                   group_size <= 4096. codes panel16_int4 or panel16_int4_k8 (K and G
+                   multiples of 8; what the builder writes: its decode is two instructions
+                   per 32 weights; re-laid once at load for @1's kernels on other CPUs).
+                   What the builder emits; @1 engines still run
     linear_w8a8@1  ins [x]; outs [y]; weights [q (int8 vnni16 [N, K]), w_scales (f32 [N]),
                    wsum (int32 [N] = sum_k q[n, k]), smooth (f32 [K], only when attr
                    has_smooth = 1), bias?]; attrs has_smooth (0/absent or 1)

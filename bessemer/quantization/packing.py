@@ -4,7 +4,8 @@ A layout is separate from the algorithm that chose the scales (RTN, AWQ, GPTQ al
 the same storage) and from the kernel that reads it. Layout ids: engine_format.LAYOUT_IDS.
 
     int8 per channel   q: int8 panel16 [N, K];  scales: float32 row_major [N]
-    int4 group-wise    codes: int4 panel16_int4 [N, K];  scales, offsets: float32 panel16
+    int4 group-wise    codes: int4 panel16_int4_k8 [N, K] (panel16_int4 when K % 8 != 0:
+                       int4_codes_layout);  scales, offsets: float32 panel16
                        [N, K // group]  (w = scale * code + offset, code in 0..15)
     int8 x int8 (w8a8) q: int8 vnni16 [N, K];  scales: float32 row_major [N];
                        wsum: int32 row_major [N] = sum_k q[n, k] (the VNNI kernel feeds
@@ -36,6 +37,37 @@ def unpack_panel16_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
     p = packed.reshape(n_pad // PANEL, k, 8)
     panels = np.concatenate([p & 0xF, p >> 4], axis=2)  # [P, K, 16]
     return np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(n_pad, k)[:n]
+
+
+def pack_panel16_int4_k8(codes: np.ndarray) -> np.ndarray:
+    """codes (N, K) uint8 in 0..15, K % 8 == 0 -> flat uint8 array of ceil(N/16) * K * 8 bytes."""
+    n, k = codes.shape
+    if k % 8:
+        raise ValueError(f"panel16_int4_k8 needs K a multiple of 8, got {k}")
+    n_pad = align_up(n, PANEL)
+    c = np.zeros((n_pad, k), dtype=np.uint8)
+    c[:n] = codes
+    # k = 8b + 4h + 2t + e: [P, r, b, h, t, e] -> [P, b, r, e, h, t]; t = the nibble
+    blocks = c.reshape(n_pad // PANEL, PANEL, k // 8, 2, 2, 2).transpose(0, 2, 1, 5, 3, 4)
+    return np.ascontiguousarray(blocks[..., 0] | (blocks[..., 1] << 4)).reshape(-1)
+
+
+def unpack_panel16_int4_k8(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+    n_pad = align_up(n, PANEL)
+    b = packed.reshape(n_pad // PANEL, k // 8, PANEL, 2, 2)  # [P, b, r, e, h]
+    nib = np.stack([b & 0xF, b >> 4], axis=-1)  # [P, b, r, e, h, t]
+    return np.ascontiguousarray(nib.transpose(0, 2, 1, 4, 5, 3)).reshape(n_pad, k)[:n]
+
+
+def int4_codes_layout(k: int) -> str:
+    """Layout the builder stores int4 codes of a K-column matrix in (what linear_w4a16@2 reads fastest)."""
+    return "panel16_int4_k8" if k % 8 == 0 else "panel16_int4"
+
+
+def pack_int4_codes(codes: np.ndarray) -> np.ndarray:
+    """codes (N, K) in int4_codes_layout(K)."""
+    return pack_panel16_int4_k8(codes) if int4_codes_layout(codes.shape[1]) == "panel16_int4_k8" \
+        else pack_panel16_int4(codes)
 
 
 def pack_group_params(params: np.ndarray) -> np.ndarray:

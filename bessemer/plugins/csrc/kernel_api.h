@@ -21,7 +21,8 @@ enum class Isa : int { AVX2 = 0, AVX512 = 1 };
 // Stable ids from builder/engine_format.py.
 enum DType : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I8 = 3, DT_U8 = 4, DT_I32 = 5,
                    DT_F8E4M3 = 6, DT_I4 = 7 };
-enum Layout : int { LAYOUT_ROW_MAJOR = 0, LAYOUT_PANEL16 = 1, LAYOUT_PANEL16_INT4 = 2, LAYOUT_VNNI16 = 3 };
+enum Layout : int { LAYOUT_ROW_MAJOR = 0, LAYOUT_PANEL16 = 1, LAYOUT_PANEL16_INT4 = 2, LAYOUT_VNNI16 = 3,
+                    LAYOUT_PANEL16_INT4_K8 = 4 };
 enum RowKind : int { ROWS_TOKENS = 0, ROWS_SELECTED = 1 };
 
 const char* dtype_name(int dtype);
@@ -52,6 +53,7 @@ struct PlanInfo {
     int kv_layers = 0, kv_heads = 0, head_dim = 0;
     int kv_dtype = DT_F32;
     int vocab_size = 0;
+    Isa isa = Isa::AVX2;  // what the executor runs (a kernel may pick its variant at prepare)
 };
 
 struct KernelCall {
@@ -65,6 +67,9 @@ struct KernelCall {
     RowKind rows = ROWS_TOKENS;  // row count the kernel runs over
     int64_t iv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     double fv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // A weight re-laid once at load for a CPU that lacks the kernel its stored layout was
+    // chosen for (empty otherwise); run reads it instead of the mapped file.
+    std::vector<uint8_t> relaid;
 };
 
 // Collectives of a tensor-parallel group (runtime/csrc/communicator.h implements them:

@@ -54,12 +54,16 @@ void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, co
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y,
                       int64_t ldy, int nthreads, bool round_x);
-// linear_w4a16@2 (linear_w4_bf16_avx512.cpp): bf16 activations, vdpbf16ps; needs
-// AVX512_BF16 and AVX512_VBMI (linear_w4_bf16_avx512_available()).
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+// linear_w4a16@2 (linear_w4_bf16_avx512.cpp): bf16 activations, vdpbf16ps; codes
+// panel16_int4 (k8 false: needs AVX512_BF16 and AVX512_VBMI) or panel16_int4_k8 (k8 true:
+// AVX512_BF16); linear_w4_bf16_avx512_available(k8) says whether this CPU runs it.
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
                            const float* offsets, int group, int N, int K, const float* bias, float* y,
                            int64_t ldy, int nthreads);
-bool linear_w4_bf16_avx512_available();
+bool linear_w4_bf16_avx512_available(bool k8);
+// panel16_int4_k8 codes of an [N, K] matrix (K a multiple of 8) re-laid as panel16_int4
+// into out (ceil(N/16) * K * 8 bytes): for the kernels that read only panel16_int4.
+void repack_int4_k8_to_panel16(const uint8_t* k8, int N, int K, uint8_t* out);
 // rows x kc of x (row stride ldx) rounded to bf16 (nearest even, denormals to zero: what
 // vcvtneps2bf16 does) and stored as fp32 at out (row stride ldq, columns kc..ldq-1 zero).
 void round_rows_to_bf16_f32(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq);

@@ -70,7 +70,13 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     if (G % 16 != 0 && G != K)
         kernel_error(c, "group_size " + std::to_string(G) + " must be a multiple of 16 or equal K = " +
                             std::to_string(K));
-    expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
+    // @2 also reads panel16_int4_k8 (what the builder writes for it); @1 only panel16_int4.
+    if (c.version >= 2)
+        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4, LAYOUT_PANEL16_INT4_K8}, {int64_t(N), int64_t(K)});
+    else
+        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
+    // k8 codes have K % 8 == 0 (tensor check), so G (a multiple of 16, or K) is one of 8 too.
+    const bool k8 = c.weights[0]->layout == LAYOUT_PANEL16_INT4_K8;
     expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
     expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
     if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
@@ -81,24 +87,31 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     c.iv[0] = N;
     c.iv[1] = K;
     c.iv[2] = G;
-    c.iv[3] = c.version >= 2 && linear_w4_bf16_avx512_available();
+    c.iv[3] = c.version >= 2 && p.isa == Isa::AVX512 && linear_w4_bf16_avx512_available(k8);
+    c.iv[4] = k8;
+    // The fp32 kernels read panel16_int4 only: on a CPU without the bf16 kernel, k8 codes
+    // are re-laid once here (the int4 codes' size again in memory, never per step).
+    if (k8 && !c.iv[3]) {
+        c.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
+        repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, c.relaid.data());
+    }
 }
 
 void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
     const int N = int(c.iv[0]), K = int(c.iv[1]), G = int(c.iv[2]);
-    const auto* codes = static_cast<const uint8_t*>(c.weights[0]->data);
+    const auto* codes = c.relaid.empty() ? static_cast<const uint8_t*>(c.weights[0]->data) : c.relaid.data();
     const auto* scales = static_cast<const float*>(c.weights[1]->data);
     const auto* offsets = static_cast<const float*>(c.weights[2]->data);
     const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
     const bool round_x = c.version >= 2;  // @2: bf16 activations
-    if (ctx.isa == Isa::AVX512 && c.iv[3])
-        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
-                              ctx.nthreads);
-    else if (ctx.isa == Isa::AVX512)
+    if (c.iv[3])  // codes as stored
+        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, c.iv[4] != 0, scales, offsets, G, N, K, bias, y,
+                              ctx.ld(c.outs[0]), ctx.nthreads);
+    else if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
                          ctx.nthreads, round_x);
     else
@@ -107,6 +120,25 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
 }
 
 int linear_w4a16_v2_max_group() { return kXPrepMaxGroup; }
+
+void repack_int4_k8_to_panel16(const uint8_t* k8, int N, int K, uint8_t* out) {
+    // k8: per (panel, 8-k block) 64 bytes, row r at k = 4h + 2t + e in nibble t of byte
+    // 4r + 2e + h; panel16_int4: per (panel, k) 8 bytes, row j low nibble, row 8 + j high.
+    const int P = (N + 15) / 16, nb = K / 8;
+    for (int p = 0; p < P; ++p)
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t* blk = k8 + (int64_t(p) * nb + b) * 64;
+            for (int o = 0; o < 8; ++o) {
+                const int h = o >> 2, t = (o >> 1) & 1, e = o & 1;
+                uint8_t* dst = out + (int64_t(p) * K + 8 * b + o) * 8;
+                for (int j = 0; j < 8; ++j) {
+                    const int lo = (blk[4 * j + 2 * e + h] >> (4 * t)) & 15;
+                    const int hi = (blk[4 * (8 + j) + 2 * e + h] >> (4 * t)) & 15;
+                    dst[j] = uint8_t(lo | (hi << 4));
+                }
+            }
+        }
+}
 
 void round_rows_to_bf16_f32(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
     for (int r = 0; r < rows; ++r) {

@@ -21,8 +21,14 @@
 // moves the code to bits 3-6 of each word; one vpternlogd keeps those bits and sets the
 // bits of 1.0 (0x3F80). Three instructions per 32 weights, no unpermuting afterwards.
 //
+// panel16_int4_k8 (the layout the builder picks for this kernel; engine_format.py) puts
+// the four k pairs of an 8-k block into the four nibbles of each 16-bit word: word 2r + e
+// holds row r at k = 2j + e in nibble j. Decoding pair j is then one 16-bit shift (left 3
+// for j = 0, right 4j - 3 otherwise) and the same vpternlogd: two instructions per 32
+// weights instead of three, and no VBMI.
+//
 // Compiled for AVX-512 + BF16 + VBMI by the pragma below and only called when the CPU has
-// them (prepare checks at run time). Like linear_avx512.cpp this file includes no C++
+// what the layout's decode needs (prepare checks at run time). Like linear_avx512.cpp this file includes no C++
 // standard library headers.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -34,10 +40,10 @@
 
 namespace bessemer {
 
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
                            const float* offsets, int group, int N, int K, const float* bias, float* y,
                            int64_t ldy, int nthreads);
-bool linear_w4_bf16_avx512_available();
+bool linear_w4_bf16_avx512_available(bool k8);
 
 namespace {
 
@@ -81,6 +87,24 @@ inline __m512bh decode_pair(__m512i blk, int p, const DecodeConsts& c) {
     return (__m512bh)_mm512_ternarylogic_epi32(v, c.keep, c.one, 0xEA);  // (v & keep) | one
 }
 
+// panel16_int4_k8: 16 rows x k pair j of the 64-byte block at blk (j a constant after
+// unrolling).
+inline __m512bh decode_pair_k8(__m512i blk, int j, const DecodeConsts& c) {
+    __m512i v;
+    switch (j) {
+        case 0: v = _mm512_slli_epi16(blk, 3); break;
+        case 1: v = _mm512_srli_epi16(blk, 1); break;
+        case 2: v = _mm512_srli_epi16(blk, 5); break;
+        default: v = _mm512_srli_epi16(blk, 9); break;
+    }
+    return (__m512bh)_mm512_ternarylogic_epi32(v, c.keep, c.one, 0xEA);  // (v & keep) | one
+}
+
+template <bool K8>
+inline __m512bh decode(__m512i blk, int p, const DecodeConsts& c) {
+    return K8 ? decode_pair_k8(blk, p, c) : decode_pair(blk, p, c);
+}
+
 inline __m512i bcast_pair(const uint16_t* xb) {
     int v;
     __builtin_memcpy(&v, xb, 4);
@@ -103,7 +127,8 @@ inline float sum_bf16(const uint16_t* p, int n) {
 
 // One call covers a.kc columns (a.kc / G groups) of MR rows x NR panels; a.x is the driver's
 // bf16 block (row stride a.ldx elements, even, zero pad), a.w the codes at its first k.
-template <int MR, int NR>
+// K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block).
+template <int MR, int NR, bool K8>
 void ukr_w4_bf16(const UkArgs& a) {
     const DecodeConsts dc = decode_consts();
     const uint16_t* xr[MR];
@@ -133,7 +158,7 @@ void ukr_w4_bf16(const UkArgs& a) {
         const int k0 = g * G, k1 = k0 + G;
         for (int k = k0; k < k1; k += 8) {
             __m512i blk[NR];
-            if (k + 8 <= k1) {
+            if (K8 || k + 8 <= k1) {
                 if (a.pf_next) {
 #pragma GCC unroll 4
                     for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);
@@ -149,7 +174,7 @@ void ukr_w4_bf16(const UkArgs& a) {
                 for (int p = 0; p < 4; ++p) {
                     __m512bh wv[NR];
 #pragma GCC unroll 4
-                    for (int n = 0; n < NR; ++n) wv[n] = decode_pair(blk[n], p, dc);
+                    for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[n], p, dc);
 #pragma GCC unroll 8
                     for (int r = 0; r < MR; ++r) {
                         const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
@@ -167,7 +192,7 @@ void ukr_w4_bf16(const UkArgs& a) {
                 for (int p = 0; 2 * p < rem; ++p) {
                     __m512bh wv[NR];
 #pragma GCC unroll 4
-                    for (int n = 0; n < NR; ++n) wv[n] = decode_pair(blk[n], p, dc);
+                    for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[n], p, dc);
 #pragma GCC unroll 8
                     for (int r = 0; r < MR; ++r) {
                         const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
@@ -211,10 +236,11 @@ void ukr_w4_bf16(const UkArgs& a) {
     }
 }
 
+template <bool K8>
 struct UkTableW4Bf16 {
     UkFn f[(kMR + 1) * (kNR + 1)];
     template <int MR, int NR>
-    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR>; }
+    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR, K8>; }
     template <int MR>
     constexpr void row() {
         set<MR, 1>(); set<MR, 2>();
@@ -225,7 +251,8 @@ struct UkTableW4Bf16 {
     }
 };
 
-const UkTableW4Bf16 kTable;
+const UkTableW4Bf16<false> kTable;
+const UkTableW4Bf16<true> kTableK8;
 
 // XPrepFn: rows of fp32 -> bf16 (round to nearest even, vcvtneps2bf16), zero pad to ldq.
 void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
@@ -245,19 +272,19 @@ void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t
 
 }  // namespace
 
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
                            const float* offsets, int group, int N, int K, const float* bias, float* y,
                            int64_t ldy, int nthreads) {
     const QuantParams qp{scales, offsets, group};
-    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, kTable.f,
-                   kNR + 1, &qp, prep_bf16, 2);
+    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8,
+                   k8 ? kTableK8.f : kTable.f, kNR + 1, &qp, prep_bf16, 2);
 }
 
-bool linear_w4_bf16_avx512_available() {
+bool linear_w4_bf16_avx512_available(bool k8) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vbmi");
+           (k8 || __builtin_cpu_supports("avx512vbmi"));
 }
 
 }  // namespace bessemer

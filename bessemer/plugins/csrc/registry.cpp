@@ -58,6 +58,7 @@ const char* layout_name(int layout) {
         case LAYOUT_PANEL16: return "panel16";
         case LAYOUT_PANEL16_INT4: return "panel16_int4";
         case LAYOUT_VNNI16: return "vnni16";
+        case LAYOUT_PANEL16_INT4_K8: return "panel16_int4_k8";
         default: return "unknown";
     }
 }

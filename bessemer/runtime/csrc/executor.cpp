@@ -184,6 +184,14 @@ void Executor::load_tensors(const py::object& tensors) {
             const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
             if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
             expect = n * k / 2;
+        } else if (t->layout == LAYOUT_PANEL16_INT4_K8) {
+            // 4-bit codes, 64 bytes per (panel of 16 rows, 8 k); see engine_format.py.
+            if (t->dtype != DT_I4) fail(where + ": panel16_int4_k8 layout needs dtype int4");
+            if (t->shape.size() != 2) fail(where + ": panel16_int4_k8 layout needs a 2-D shape");
+            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
+            if (k % 8 != 0) fail(where + ": panel16_int4_k8 layout needs K a multiple of 8");
+            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
+            expect = n * k / 2;
         } else if (t->layout == LAYOUT_VNNI16) {
             // int8, panels of 16 rows, k in groups of 4 bytes (K padded to 4); engine_format.py.
             if (t->dtype != DT_I8) fail(where + ": vnni16 layout needs dtype int8");
@@ -227,6 +235,7 @@ ViewRef Executor::parse_view(const py::handle& h, const char* where) const {
 }
 
 void Executor::load_plan(const py::dict& plan) {
+    info_.isa = isa_;
     // Buffers.
     for (const py::handle& h : item(plan, "buffers", "plan")) {
         const py::dict d = py::reinterpret_borrow<py::dict>(h);
