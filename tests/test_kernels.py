@@ -22,6 +22,8 @@ from bessemer.plugins import ops  # noqa: E402
 from bessemer.quantization import kv_cache as kvq  # noqa: E402
 from bessemer.quantization.kv_cache import kv_bytes_per_token  # noqa: E402
 from bessemer.builder.engine_format import (  # noqa: E402
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
     TensorEntry,
     bfloat16_bits_to_float32,
     encode,
@@ -108,7 +110,7 @@ def test_engine_file_fields(tmp_path):
     table = np.arange(80, dtype=np.float32).reshape(10, 8)
     path = write_engine(tmp_path / "a.engine", plan, {"emb": (table, "float32", "row_major")})
     f = _C.EngineFile(str(path))
-    assert f.format_major == 1 and f.format_minor == 0
+    assert (f.format_major, f.format_minor) == (FORMAT_MAJOR, FORMAT_MINOR) == (1, 1)
     assert f.size == path.stat().st_size
     assert f.data_offset % 4096 == 0 and f.data_offset <= f.size
     assert f.path == str(path)
