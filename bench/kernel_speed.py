@@ -1,6 +1,7 @@
 """Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
 quantized linears (linear_w8a16@1, linear_w4a16@1 as "int4", linear_w4a16@2 (bf16 activations) as
-"int4@2" with the builder's panel16_int4_k8 codes and "int4@2p" with panel16_int4 codes,
+"int4@2" as the builder stores it (panel16_int4_k8 codes, bf16 scales/offsets) and "int4@2p"
+with panel16_int4 codes and fp32 scales/offsets,
 linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
@@ -37,6 +38,7 @@ from bessemer.builder.engine_format import (  # noqa: E402
     write_rank_file,
 )
 from bessemer.quantization.packing import (  # noqa: E402
+    GROUP_PARAM_DTYPE,
     int4_codes_layout,
     pack_group_params,
     pack_int4_codes,
@@ -75,6 +77,11 @@ def copy_bandwidth(nbytes=512 << 20):
     return 2 * nbytes / t / 1e9  # read + write
 
 
+def int4_form(K, dtype):
+    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it, else panel16_int4 + fp32."""
+    return (int4_codes_layout(K), GROUP_PARAM_DTYPE) if dtype == "int4@2" else ("panel16_int4", "float32")
+
+
 def weight_entries(name, w, dtype):
     """TensorEntries and weight names of one linear step; dtype float32/bfloat16/int8/int4."""
     N, K = w.shape
@@ -91,18 +98,19 @@ def weight_entries(name, w, dtype):
     if dtype.startswith("int4"):  # int4@2: the builder's codes layout (panel16_int4_k8); int4@2p: panel16_int4
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
-        layout = int4_codes_layout(K) if dtype == "int4@2" else "panel16_int4"
+        layout, pdt = int4_form(K, dtype)
         return [TensorEntry(name, "int4", layout, (N, K),
                             lambda: pack_int4_codes(codes) if layout != "panel16_int4" else pack_panel16_int4(codes)),
-                TensorEntry(name + ".s", "float32", "panel16", sc.shape, lambda: pack_group_params(sc)),
-                TensorEntry(name + ".o", "float32", "panel16", off.shape, lambda: pack_group_params(off))], \
+                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: pack_group_params(sc, pdt)),
+                TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: pack_group_params(off, pdt))], \
             [name, name + ".s", name + ".o"]
     return [TensorEntry(name, dtype, "panel16", (N, K), lambda: encode(w, dtype, "panel16"))], [name]
 
 
 def weight_nbytes(N, K, dtype):
     if dtype.startswith("int4"):
-        return packed_nbytes((N, K), "int4", "panel16_int4") + 2 * packed_nbytes((N, K // W4_GROUP), "float32", "panel16")
+        layout, pdt = int4_form(K, dtype)
+        return packed_nbytes((N, K), "int4", layout) + 2 * packed_nbytes((N, K // W4_GROUP), pdt, "panel16")
     if dtype == "int8":
         return packed_nbytes((N, K), "int8", "panel16") + 4 * N
     if dtype == "w8a8":

@@ -64,12 +64,17 @@ def w8_entries(W):
 INT4_PACKERS = {"panel16_int4": pack_panel16_int4, "panel16_int4_k8": pack_panel16_int4_k8}
 
 
-def w4_entries(W, G, zero_point, layout="panel16_int4"):
+def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
+    """params: stored dtype of scales/offsets; fp32 ones are nudged off the bf16 values
+    int4_group_params returns, so that fp32 storage is tested with full-precision values."""
     s, o = int4_group_params(W, G, zero_point)
+    if params == "float32":
+        nudge = 1 + 1e-3 * np.random.default_rng(0).random(s.shape, dtype=np.float32)
+        s, o = (s * nudge).astype(np.float32), (o * nudge).astype(np.float32)
     codes = quantize_int4(W, s, o, G)
     ents = [entry("c", "int4", layout, codes.shape, INT4_PACKERS[layout](codes)),
-            entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
-            entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
+            entry("s", params, "panel16", s.shape, pack_group_params(s, params)),
+            entry("o", params, "panel16", o.shape, pack_group_params(o, params))]
     return ents, dequantize_int4(codes, s, o, G)
 
 
@@ -105,9 +110,9 @@ def executor(path, isa, threads=2):
 
 
 def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1,
-              layout="panel16_int4"):
+              layout="panel16_int4", params="float32"):
     N, K = W.shape
-    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point, layout)
+    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point, layout, params)
     ents = [f32_entry("emb", table)] + ents + ([f32_entry("b", bias)] if bias is not None else [])
     plan = quant_plan(kind, N, K, bias is not None, G, version=version)
     path = write(tmp_path / f"{kind}.engine", plan, ents)
@@ -146,13 +151,18 @@ W4_CASES = [  # M, N, K, G, bias, zero_point, threads
 ]
 
 
-@pytest.mark.parametrize("version,layout", [(1, "panel16_int4"), (2, "panel16_int4"), (2, "panel16_int4_k8")])
+W4_FORMS = [(1, "panel16_int4", "float32"), (2, "panel16_int4", "float32"), (2, "panel16_int4_k8", "float32"),
+            (2, "panel16_int4_k8", "bfloat16")]  # (version, codes layout, params dtype); the last is the builder's
+
+
+@pytest.mark.parametrize("version,layout,params", W4_FORMS)
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("M,N,K,G,bias,zero_point,threads", W4_CASES)
-def test_linear_w4a16(tmp_path, version, layout, isa, M, N, K, G, bias, zero_point, threads):
+def test_linear_w4a16(tmp_path, version, layout, params, isa, M, N, K, G, bias, zero_point, threads):
     """@1: fp32 activations; @2: activations rounded to bf16 (nearest even), then the same
     math (AVX-512 BF16 dot products where the CPU has them, else the @1 kernels on bf16(x));
-    @2 with panel16_int4_k8 codes: the shift decode, or (avx2) the codes re-laid at load."""
+    @2 with panel16_int4_k8 codes: the shift decode, or (avx2) the codes re-laid at load;
+    bf16 scales/offsets: read as bf16, or (avx2) widened to fp32 at load."""
     if layout == "panel16_int4_k8" and K % 8:
         pytest.skip("panel16_int4_k8 needs K a multiple of 8")
     rng = np.random.default_rng(M * 1000 + N + K + G)
@@ -160,7 +170,7 @@ def test_linear_w4a16(tmp_path, version, layout, isa, M, N, K, G, bias, zero_poi
     W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32) if bias else None
     tokens = rng.integers(0, min(V, N), M)
-    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point, version, layout)
+    out, Wd = run_quant(tmp_path, "w4", W, table, tokens, isa, threads, b, G, zero_point, version, layout, params)
     x = table[tokens] if version == 1 else round_to_bf16(table[tokens])
     ref = x.astype(np.float64) @ Wd.astype(np.float64).T + (b if bias else 0)
     rtol, atol = (tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL) if version == 1 else (tol.W4_BF16_RTOL, tol.W4_BF16_ATOL)
@@ -177,8 +187,8 @@ def test_int4_layout_lanes(tmp_path, version, layout):
     s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
     table = np.eye(K, dtype=np.float32)
     ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), INT4_PACKERS[layout](codes)),
-            entry("s", "float32", "panel16", s.shape, pack_group_params(s)),
-            entry("o", "float32", "panel16", o.shape, pack_group_params(o))]
+            entry("s", "float32", "panel16", s.shape, pack_group_params(s, "float32")),
+            entry("o", "float32", "panel16", o.shape, pack_group_params(o, "float32"))]
     path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0, version), ents)
     for isa in ISAS:
         out = run_flat(executor(path, isa, 1), np.arange(K))
@@ -300,6 +310,11 @@ def test_panel16_int4_k8_checks(tmp_path):
     c = zeros_entry("c", "int4", "panel16_int4_k8", (N, K))
     s, o = (zeros_entry(n, "float32", "panel16", (N, K // G)) for n in "so")
     _load_err(tmp_path, quant_plan("w4", N, K, False, G, version=1), [emb, c, s, o], "weight c: layout panel16_int4_k8")
+    sb, ob = (zeros_entry(n, "bfloat16", "panel16", (N, K // G)) for n in "so")
+    _load_err(tmp_path, quant_plan("w4", N, K, False, G, version=1), [emb, zeros_entry("c", "int4", "panel16_int4", (N, K)), sb, ob],
+              "weight s: dtype bfloat16")
+    _load_err(tmp_path, quant_plan("w4", N, K, False, G, version=2), [emb, c, sb, o],
+              "scales and offsets must have the same dtype")
     path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, G, version=2), [emb, c, s, o])
     f = _C.EngineFile(str(path))
     hdr = json.loads(f.header)

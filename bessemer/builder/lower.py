@@ -17,7 +17,7 @@ from bessemer.builder.graph import Graph, GraphError, WeightRef
 from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
 from bessemer.plugins.ops import OPS
 from bessemer.quantization.kv_cache import PLAN_DTYPE
-from bessemer.quantization.packing import int4_codes_layout
+from bessemer.quantization.packing import GROUP_PARAM_DTYPE, int4_codes_layout
 
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
@@ -70,9 +70,9 @@ def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
                            role="scales", **common)]
     groups = k // q["group_size"]
     return [TensorSpec(ref.name, shape=(n, k), dtype="int4", layout=int4_codes_layout(k), role="codes", **common),
-            TensorSpec(f"{ref.name}.scales", shape=(n, groups), dtype="float32", layout="panel16",
+            TensorSpec(f"{ref.name}.scales", shape=(n, groups), dtype=GROUP_PARAM_DTYPE, layout="panel16",
                        role="scales", **common),
-            TensorSpec(f"{ref.name}.offsets", shape=(n, groups), dtype="float32", layout="panel16",
+            TensorSpec(f"{ref.name}.offsets", shape=(n, groups), dtype=GROUP_PARAM_DTYPE, layout="panel16",
                        role="offsets", **common)]
 
 

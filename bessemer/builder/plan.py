@@ -60,7 +60,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    products (vdpbf16ps with AVX512_BF16, else @1's kernels on bf16(x));
                    group_size <= 4096. codes panel16_int4 or panel16_int4_k8 (K and G
                    multiples of 8; what the builder writes: its decode is two instructions
-                   per 32 weights; re-laid once at load for @1's kernels on other CPUs).
+                   per 32 weights; re-laid once at load for @1's kernels on other CPUs);
+                   scales and offsets f32 or bf16 (one dtype; the builder writes bf16: half
+                   the parameter bytes; widened once at load for @1's kernels).
                    What the builder emits; @1 engines still run
     linear_w8a8@1  ins [x]; outs [y]; weights [q (int8 vnni16 [N, K]), w_scales (f32 [N]),
                    wsum (int32 [N] = sum_k q[n, k]), smooth (f32 [K], only when attr

@@ -16,7 +16,7 @@ import numpy as np
 from bessemer.builder.engine_format import pack_panel16
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
-from bessemer.quantization.packing import pack_group_params, pack_int4_codes, pack_vnni16
+from bessemer.quantization.packing import GROUP_PARAM_DTYPE, pack_group_params, pack_int4_codes, pack_vnni16
 
 
 @dataclass
@@ -126,8 +126,8 @@ def pack_quantized(w: np.ndarray, codes, scale, offset, quant: tuple) -> tuple[d
         parts = {"codes": pack_panel16(codes), "scales": scale}
     else:
         approx = prim.dequantize_int4(codes, scale, offset, q["group_size"])
-        parts = {"codes": pack_int4_codes(codes), "scales": pack_group_params(scale),
-                 "offsets": pack_group_params(offset)}
+        parts = {"codes": pack_int4_codes(codes), "scales": pack_group_params(scale, GROUP_PARAM_DTYPE),
+                 "offsets": pack_group_params(offset, GROUP_PARAM_DTYPE)}
     stats = {"sqnr_db": round(prim.sqnr_db(w, approx), 2), "bits": q["bits"]}
     if q["bits"] == 4:
         stats["group_size"] = q["group_size"]

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 
-QUANT_CONFIG_VERSION = 3  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding
+QUANT_CONFIG_VERSION = 4  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
+# 4: int4 group scales and offsets are bf16 values, stored as bf16
 # mode -> (weight bits, algorithm); names as TensorRT-LLM users know them
 MODES = {
     "w8a16": (8, "rtn"),
@@ -140,7 +141,7 @@ class QuantConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["exclude_modules"] = list(self.exclude_modules)
-        d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="float32",
+        d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="bfloat16" if self.bits == 4 else "float32",
                  granularity="per_channel" if self.bits == 8 else "per_group")
         d["weight_dtype"] = self.weight_dtype
         if self.mode == "fp8":  # static activation scales: one per linear input, in the rank file

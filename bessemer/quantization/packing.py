@@ -5,7 +5,7 @@ the same storage) and from the kernel that reads it. Layout ids: engine_format.L
 
     int8 per channel   q: int8 panel16 [N, K];  scales: float32 row_major [N]
     int4 group-wise    codes: int4 panel16_int4_k8 [N, K] (panel16_int4 when K % 8 != 0:
-                       int4_codes_layout);  scales, offsets: float32 panel16
+                       int4_codes_layout);  scales, offsets: bfloat16 panel16
                        [N, K // group]  (w = scale * code + offset, code in 0..15)
     int8 x int8 (w8a8) q: int8 vnni16 [N, K];  scales: float32 row_major [N];
                        wsum: int32 row_major [N] = sum_k q[n, k] (the VNNI kernel feeds
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bessemer.builder.engine_format import PANEL, align_up, pack_panel16
+from bessemer.builder.engine_format import PANEL, align_up, bfloat16_bits_to_float32, pack_panel16, to_bfloat16_bits
 
 
 def pack_panel16_int4(codes: np.ndarray) -> np.ndarray:
@@ -70,9 +70,19 @@ def pack_int4_codes(codes: np.ndarray) -> np.ndarray:
         else pack_panel16_int4(codes)
 
 
-def pack_group_params(params: np.ndarray) -> np.ndarray:
-    """scales or offsets (N, K // group) float32 -> panel16 order."""
-    return pack_panel16(np.asarray(params, dtype=np.float32))
+GROUP_PARAM_DTYPE = "bfloat16"  # int4 scales and offsets as stored (primitives.int4_group_params)
+
+
+def pack_group_params(params: np.ndarray, dtype: str) -> np.ndarray:
+    """scales or offsets (N, K // group), bf16 values as float32 -> panel16 order, as bf16
+    bits (uint16; exact: the values are bf16 already) or float32."""
+    p = np.asarray(params, dtype=np.float32)
+    if dtype == "float32":
+        return pack_panel16(p)
+    bits = to_bfloat16_bits(p)
+    if not np.array_equal(bfloat16_bits_to_float32(bits), p):
+        raise ValueError("int4 group parameters must be bf16 values (primitives.int4_group_params rounds them)")
+    return pack_panel16(bits)
 
 
 def pack_vnni16(q: np.ndarray) -> np.ndarray:

@@ -13,6 +13,12 @@ INT8_MAX = 127
 INT4_LEVELS = 16  # unsigned codes 0..15
 
 
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """fp32 -> the nearest bf16 values (ties to even), as fp32 (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
 def effective_group_size(k: int, group_size: int) -> int:
     """The group size actually used for K input features.
 
@@ -81,8 +87,13 @@ def int4_group_params(w: np.ndarray, group: int, zero_point: bool,
     """Scales and offsets of group-wise 4-bit codes: w ~= scale * code + offset, code in 0..15.
 
     symmetric (zero_point=False): offset = -8 * scale, scale = amax / 7 (codes 1..15 used,
-    code 8 is zero); asymmetric: scale = (max - min) / 15, offset = min (rounded so that
-    zero is exact). `clip_ratio` shrinks the range (AWQ/GPTQ-style clipping search).
+    code 8 is zero); asymmetric: scale = (max - min) / 15, offset = -zero * scale with an
+    integer zero (so that zero is exact, up to the offset's bf16 rounding).
+    `clip_ratio` shrinks the range (AWQ/GPTQ-style clipping search).
+    Both are bf16 values (stored as bf16: half the bytes of fp32 parameters, and the codes
+    are chosen against exactly what is stored); -8 * scale is exact in bf16. Rounding
+    moves the scale and the offset by at most 2^-8 of themselves (half a bf16 ulp), far
+    less than the 4-bit rounding of the weights (the codes are chosen on the rounded grid).
     Returns scale, offset: (N, K // group) float32.
     """
     n, k = w.shape
@@ -90,12 +101,12 @@ def int4_group_params(w: np.ndarray, group: int, zero_point: bool,
     if zero_point:
         lo = np.minimum(g.min(axis=2), 0.0) * clip_ratio
         hi = np.maximum(g.max(axis=2), 0.0) * clip_ratio
-        scale = np.where(hi > lo, (hi - lo) / (INT4_LEVELS - 1), 1.0).astype(np.float32)
+        scale = round_to_bf16(np.where(hi > lo, (hi - lo) / (INT4_LEVELS - 1), 1.0))
         zero = np.clip(np.rint(-lo / scale), 0, INT4_LEVELS - 1)
-        offset = (-zero * scale).astype(np.float32)
+        offset = round_to_bf16(-zero * scale)
     else:
         amax = np.abs(g).max(axis=2) * clip_ratio
-        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+        scale = round_to_bf16(np.where(amax > 0, amax / 7.0, 1.0))
         offset = (-8.0 * scale).astype(np.float32)
     return scale, offset
 

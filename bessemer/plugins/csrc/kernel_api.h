@@ -67,9 +67,11 @@ struct KernelCall {
     RowKind rows = ROWS_TOKENS;  // row count the kernel runs over
     int64_t iv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     double fv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    // A weight re-laid once at load for a CPU that lacks the kernel its stored layout was
-    // chosen for (empty otherwise); run reads it instead of the mapped file.
+    // Weights re-laid (codes) or widened (fp32 parameters) once at load for a CPU that lacks
+    // the kernel their stored form was chosen for (empty otherwise); run reads them instead
+    // of the mapped file.
     std::vector<uint8_t> relaid;
+    std::vector<float> relaid_f;
 };
 
 // Collectives of a tensor-parallel group (runtime/csrc/communicator.h implements them:

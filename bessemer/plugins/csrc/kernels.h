@@ -56,10 +56,11 @@ void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, 
                       int64_t ldy, int nthreads, bool round_x);
 // linear_w4a16@2 (linear_w4_bf16_avx512.cpp): bf16 activations, vdpbf16ps; codes
 // panel16_int4 (k8 false: needs AVX512_BF16 and AVX512_VBMI) or panel16_int4_k8 (k8 true:
-// AVX512_BF16); linear_w4_bf16_avx512_available(k8) says whether this CPU runs it.
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
-                           const float* offsets, int group, int N, int K, const float* bias, float* y,
-                           int64_t ldy, int nthreads);
+// AVX512_BF16); scales and offsets fp32 or (bf16_params) bf16;
+// linear_w4_bf16_avx512_available(k8) says whether this CPU runs it.
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const void* scales,
+                           const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
+                           float* y, int64_t ldy, int nthreads);
 bool linear_w4_bf16_avx512_available(bool k8);
 // panel16_int4_k8 codes of an [N, K] matrix (K a multiple of 8) re-laid as panel16_int4
 // into out (ceil(N/16) * K * 8 bytes): for the kernels that read only panel16_int4.

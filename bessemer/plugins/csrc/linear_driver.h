@@ -40,8 +40,9 @@ struct UkArgs {
     //                             (panel16 [N, K/group]); panel n's at qs + n*qpstride.
     const float* qs;
     const float* qo;
-    int64_t qpstride;  // floats between panels of qs/qo (group-wise)
+    int64_t qpstride;  // elements between panels of qs/qo (group-wise)
     int group;         // K columns per group (kc is a multiple of it), 0 = per channel
+    int pbytes;        // bytes per element of qs/qo: 4 fp32, 2 bf16 (then qs/qo point to bf16)
     // GEMV: bytes from a weight to the same k of the next panel group (0 = none). A
     // compute-heavy (quantized) microkernel prefetches there, and the next group's
     // quantization parameters (at qs/qo + NR*qpstride, or qs + NR*16 per channel): the
@@ -67,7 +68,13 @@ struct QuantParams {
     const float* scales;
     const float* offsets;
     int group;  // 0: per-channel scales [N] row_major; > 0: group-wise panel16 [N, K/group]
+    int pbytes = 4;  // 2: group-wise scales/offsets are bf16 (only kernels that read bf16 get them)
 };
+
+// p advanced by n elements of pbytes bytes.
+inline const float* param_at(const float* p, int64_t n, int pbytes) {
+    return reinterpret_cast<const float*>(reinterpret_cast<const char*>(p) + n * pbytes);
+}
 
 using UkFn = void (*)(const UkArgs&);
 
@@ -145,6 +152,7 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
         a.qs = a.qo = nullptr;
         a.qpstride = qpstride;
         a.group = group;
+        a.pbytes = q ? q->pbytes : 4;
         a.pf_next = gemv ? int64_t(NR) * pstride : 0;
         for (int m_blk = ma; m_blk < mb; m_blk += Mc) {
             const int m_end = drv_min(mb, m_blk + Mc);
@@ -164,8 +172,8 @@ inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, in
                     if (q) {
                         if (group > 0) {
                             const int64_t off = int64_t(p0) * qpstride + int64_t(k0 / group) * 16;
-                            a.qs = q->scales + off;
-                            a.qo = q->offsets + off;
+                            a.qs = param_at(q->scales, off, q->pbytes);
+                            a.qo = param_at(q->offsets, off, q->pbytes);
                         } else {
                             a.qs = q->scales + 16 * p0;
                         }

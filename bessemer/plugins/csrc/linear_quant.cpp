@@ -77,8 +77,16 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
     // k8 codes have K % 8 == 0 (tensor check), so G (a multiple of 16, or K) is one of 8 too.
     const bool k8 = c.weights[0]->layout == LAYOUT_PANEL16_INT4_K8;
-    expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
-    expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+    // @2: fp32 or bf16 scales and offsets (the builder writes bf16); @1: fp32.
+    if (c.version >= 2) {
+        expect_weight(c, 1, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+        expect_weight(c, 2, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+        if (c.weights[1]->dtype != c.weights[2]->dtype)
+            kernel_error(c, "scales and offsets must have the same dtype");
+    } else {
+        expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+        expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+    }
     if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (c.version >= 2 && G > linear_w4a16_v2_max_group())
         kernel_error(c, "group_size " + std::to_string(G) + " is larger than linear_w4a16@2 supports (" +
@@ -95,6 +103,21 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         c.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
         repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, c.relaid.data());
     }
+    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], n each.
+    const bool bf16_params = c.weights[1]->dtype == DT_BF16;
+    c.iv[5] = bf16_params;
+    if (bf16_params && !c.iv[3]) {
+        const size_t n = size_t((N + 15) / 16 * 16) * size_t(K / G);
+        c.relaid_f.resize(2 * n);
+        for (int w = 0; w < 2; ++w) {
+            const auto* bits = static_cast<const uint16_t*>(c.weights[1 + w]->data);
+            for (size_t i = 0; i < n; ++i) {
+                const uint32_t u = uint32_t(bits[i]) << 16;
+                std::memcpy(&c.relaid_f[w * n + i], &u, 4);
+            }
+        }
+        c.iv[6] = int64_t(n);
+    }
 }
 
 void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
@@ -102,16 +125,20 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     if (M == 0) return;
     const int N = int(c.iv[0]), K = int(c.iv[1]), G = int(c.iv[2]);
     const auto* codes = c.relaid.empty() ? static_cast<const uint8_t*>(c.weights[0]->data) : c.relaid.data();
-    const auto* scales = static_cast<const float*>(c.weights[1]->data);
-    const auto* offsets = static_cast<const float*>(c.weights[2]->data);
     const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
     const bool round_x = c.version >= 2;  // @2: bf16 activations
-    if (c.iv[3])  // codes as stored
-        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, c.iv[4] != 0, scales, offsets, G, N, K, bias, y,
-                              ctx.ld(c.outs[0]), ctx.nthreads);
-    else if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
+    if (c.iv[3]) {  // codes and parameters as stored
+        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, c.iv[4] != 0, c.weights[1]->data, c.weights[2]->data,
+                              c.iv[5] != 0, G, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+        return;
+    }
+    // fp32 parameters (widened at prepare if stored as bf16)
+    const float* scales = c.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : c.relaid_f.data();
+    const float* offsets =
+        c.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : c.relaid_f.data() + c.iv[6];
+    if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
                          ctx.nthreads, round_x);
     else

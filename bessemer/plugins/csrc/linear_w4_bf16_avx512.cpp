@@ -40,9 +40,9 @@
 
 namespace bessemer {
 
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
-                           const float* offsets, int group, int N, int K, const float* bias, float* y,
-                           int64_t ldy, int nthreads);
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const void* scales,
+                           const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
+                           float* y, int64_t ldy, int nthreads);
 bool linear_w4_bf16_avx512_available(bool k8);
 
 namespace {
@@ -111,6 +111,14 @@ inline __m512i bcast_pair(const uint16_t* xb) {
     return _mm512_set1_epi32(v);
 }
 
+// 16 group parameters at element i of p: fp32 (pbytes 4) or bf16 (pbytes 2) widened.
+inline __m512 load_params(const float* p, int64_t i, int pbytes) {
+    if (pbytes == 2)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(param_at(p, i, 2)))), 16));
+    return _mm512_loadu_ps(p + i);
+}
+
 // sum of n bf16 values as fp32.
 inline float sum_bf16(const uint16_t* p, int n) {
     __m512 s = _mm512_setzero_ps();
@@ -140,8 +148,8 @@ void ukr_w4_bf16(const UkArgs& a) {
     const int G = a.group, ng = a.kc / G;
     // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel).
     const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
-    const float* pq_s = a.qs + pq_len;
-    const float* pq_o = a.qo + pq_len;
+    const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
+    const float* pq_o = param_at(a.qo, pq_len, a.pbytes);
     const int lines = (a.kc + 7) / 8;
     const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
     // Independent accumulators per output tile: with few rows the k loop is otherwise one
@@ -164,8 +172,8 @@ void ukr_w4_bf16(const UkArgs& a) {
                     for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);
                     const int64_t i0 = (k / 8) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
                     for (int64_t i = i0; i < i1; i += 16) {
-                        _mm_prefetch(reinterpret_cast<const char*>(pq_s + i), _MM_HINT_T0);
-                        _mm_prefetch(reinterpret_cast<const char*>(pq_o + i), _MM_HINT_T0);
+                        _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_s, i, a.pbytes)), _MM_HINT_T0);
+                        _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_o, i, a.pbytes)), _MM_HINT_T0);
                     }
                 }
 #pragma GCC unroll 4
@@ -220,8 +228,9 @@ void ukr_w4_bf16(const UkArgs& a) {
             if (nc <= 0) break;
             const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
             // panel16 params: padded to whole panels
-            const __m512 s16 = _mm512_mul_ps(_mm512_loadu_ps(a.qs + n * a.qpstride + g * 16), _mm512_set1_ps(16.0f));
-            const __m512 o = _mm512_loadu_ps(a.qo + n * a.qpstride + g * 16);
+            const int64_t pi = n * a.qpstride + g * 16;
+            const __m512 s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
+            const __m512 o = load_params(a.qo, pi, a.pbytes);
             const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col0) : _mm512_setzero_ps();
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
@@ -272,10 +281,11 @@ void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t
 
 }  // namespace
 
-void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const float* scales,
-                           const float* offsets, int group, int N, int K, const float* bias, float* y,
-                           int64_t ldy, int nthreads) {
-    const QuantParams qp{scales, offsets, group};
+void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const void* scales,
+                           const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
+                           float* y, int64_t ldy, int nthreads) {
+    const QuantParams qp{static_cast<const float*>(scales), static_cast<const float*>(offsets), group,
+                         bf16_params ? 2 : 4};
     linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8,
                    k8 ? kTableK8.f : kTable.f, kNR + 1, &qp, prep_bf16, 2);
 }
