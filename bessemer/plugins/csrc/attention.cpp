@@ -438,10 +438,12 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
             const char* vp = reinterpret_cast<const char*>(Vc + offs[kb + 32 + i]);
             for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(vp + b, _MM_HINT_T0);
         }
-        for (int h = 0; h < H; ++h)
-            if (P.dec512)
-                attn_dec_pv_avx512(KV, Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
-            else
+        if (P.dec512)  // the G query heads of a KV head together: each V element converted once
+            for (int kvh = 0; kvh < Hkv; ++kvh)
+                attn_dec_pv_avx512(KV, Vc + int64_t(kvh) * D, offs + kb, nb, sc + kvh * G * ncap + kb, ncap, G, D,
+                                   acc + int64_t(kvh) * G * D);
+        else
+            for (int h = 0; h < H; ++h)
                 pv_block<KV>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
     }
     for (int h = 0; h < H; ++h) {

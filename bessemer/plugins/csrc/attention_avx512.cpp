@@ -7,6 +7,7 @@
 // callers elsewhere).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // _mm512_extractf32x8_ps: the header's undefined vector
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -37,6 +38,42 @@ inline __m512 load16(const void* base, int64_t off) {
     }
 }
 
+// The query heads of one KV head are done GC (<= 3) at a time, so that each K element is
+// loaded and converted once for all of them (GC x 8 accumulators + GC query vectors fit the
+// 32 registers); the sums run in the same order as one head at a time, so the scores are
+// the same bits.
+template <int KV, int GC>
+inline void scores8_heads(const void* Kc, const int64_t* ko, int64_t kbase, const float* q, int D, __m256 mul,
+                          float* sc, int64_t ncap) {
+    __m512 x[GC][8];
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g)
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) x[g][u] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 qv[GC];
+#pragma GCC unroll 3
+        for (int g = 0; g < GC; ++g) qv[g] = _mm512_loadu_ps(q + int64_t(g) * D + d);
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) {
+            const __m512 kv = load16<KV>(Kc, ko[u] + kbase + d);
+#pragma GCC unroll 3
+            for (int g = 0; g < GC; ++g) x[g][u] = _mm512_fmadd_ps(qv[g], kv, x[g][u]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g) {
+        __m256 y[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u)
+            y[u] = _mm256_add_ps(_mm512_castps512_ps256(x[g][u]), _mm512_extractf32x8_ps(x[g][u], 1));
+        const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(y[0], y[1]), _mm256_hadd_ps(y[2], y[3]));
+        const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(y[4], y[5]), _mm256_hadd_ps(y[6], y[7]));
+        const __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+        _mm256_storeu_ps(sc + g * ncap, _mm256_mul_ps(v, mul));
+    }
+}
+
 template <int KV>
 void scores8(const void* Kc, const int64_t* ko, const float* q, int H, int Hkv, int D,
              const float* kmul, float* sc, int64_t ncap) {
@@ -44,57 +81,74 @@ void scores8(const void* Kc, const int64_t* ko, const float* q, int H, int Hkv, 
     for (int kvh = 0; kvh < Hkv; ++kvh) {
         const int64_t kbase = int64_t(kvh) * D;
         const __m256 mul = _mm256_loadu_ps(kmul + kvh * 8);
-        for (int g = 0; g < G; ++g) {
-            const int h = kvh * G + g;
+        for (int g0 = 0; g0 < G; g0 += 3) {
+            const int h = kvh * G + g0;
             const float* qr = q + int64_t(h) * D;
-            __m512 x[8];
-#pragma GCC unroll 8
-            for (int u = 0; u < 8; ++u) x[u] = _mm512_setzero_ps();
-            for (int d = 0; d < D; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(qr + d);
-#pragma GCC unroll 8
-                for (int u = 0; u < 8; ++u) x[u] = _mm512_fmadd_ps(qv, load16<KV>(Kc, ko[u] + kbase + d), x[u]);
+            switch (G - g0 >= 3 ? 3 : G - g0) {
+                case 3: scores8_heads<KV, 3>(Kc, ko, kbase, qr, D, mul, sc + h * ncap, ncap); break;
+                case 2: scores8_heads<KV, 2>(Kc, ko, kbase, qr, D, mul, sc + h * ncap, ncap); break;
+                default: scores8_heads<KV, 1>(Kc, ko, kbase, qr, D, mul, sc + h * ncap, ncap); break;
             }
-            __m256 y[8];
-#pragma GCC unroll 8
-            for (int u = 0; u < 8; ++u)
-                y[u] = _mm256_add_ps(_mm512_castps512_ps256(x[u]), _mm512_extractf32x8_ps(x[u], 1));
-            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(y[0], y[1]), _mm256_hadd_ps(y[2], y[3]));
-            const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(y[4], y[5]), _mm256_hadd_ps(y[6], y[7]));
-            const __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-            _mm256_storeu_ps(sc + h * ncap, _mm256_mul_ps(v, mul));
         }
     }
 }
 
-template <int KV, int NV>
-inline void pv_accum16(const void* Vc, const int64_t* voff, int n, const float* w, int dc, float* acc) {
-    __m512 a[NV];
+// acc[g][dc ..] += sum_i w[g][i] * V[voff[i] + dc ..] for GC heads of one KV head (w rows
+// wstride apart, acc rows astride apart): each V element is converted once for all GC
+// heads; per head the sum over i runs in the same order as alone.
+template <int KV, int NV, int GC>
+inline void pv_accum16(const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride, int dc,
+                       float* acc, int64_t astride) {
+    __m512 a[GC][NV];
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) a[v] = _mm512_loadu_ps(acc + 16 * v);
+        for (int v = 0; v < NV; ++v) a[g][v] = _mm512_loadu_ps(acc + g * astride + dc + 16 * v);
     for (int i = 0; i < n; ++i) {
-        const __m512 wv = _mm512_set1_ps(w[i]);
+        __m512 wv[GC];
+#pragma GCC unroll 3
+        for (int g = 0; g < GC; ++g) wv[g] = _mm512_set1_ps(w[g * wstride + i]);
         const int64_t off = voff[i] + dc;
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) a[v] = _mm512_fmadd_ps(wv, load16<KV>(Vc, off + 16 * v), a[v]);
+        for (int v = 0; v < NV; ++v) {
+            const __m512 x = load16<KV>(Vc, off + 16 * v);
+#pragma GCC unroll 3
+            for (int g = 0; g < GC; ++g) a[g][v] = _mm512_fmadd_ps(wv[g], x, a[g][v]);
+        }
     }
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc + 16 * v, a[v]);
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc + g * astride + dc + 16 * v, a[g][v]);
+}
+
+// d chunks of at most NVMAX x 16 (GC x NVMAX accumulators <= 24 registers).
+template <int KV, int GC, int NVMAX>
+void pv_heads(const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride, int D, float* acc) {
+    int dc = 0;
+    for (; dc + 16 * NVMAX <= D; dc += 16 * NVMAX) pv_accum16<KV, NVMAX, GC>(Vc, voff, n, w, wstride, dc, acc, D);
+    switch ((D - dc) / 16) {
+        case 7: if constexpr (NVMAX > 7) pv_accum16<KV, 7, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 6: if constexpr (NVMAX > 6) pv_accum16<KV, 6, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 5: if constexpr (NVMAX > 5) pv_accum16<KV, 5, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 4: if constexpr (NVMAX > 4) pv_accum16<KV, 4, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 3: if constexpr (NVMAX > 3) pv_accum16<KV, 3, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 2: if constexpr (NVMAX > 2) pv_accum16<KV, 2, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 1: pv_accum16<KV, 1, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        default: break;
+    }
 }
 
 template <int KV>
-void pv(const void* Vc, const int64_t* voff, int n, const float* w, int D, float* acc) {
-    int dc = 0;
-    for (; dc + 128 <= D; dc += 128) pv_accum16<KV, 8>(Vc, voff, n, w, dc, acc + dc);
-    switch ((D - dc) / 16) {
-        case 7: pv_accum16<KV, 7>(Vc, voff, n, w, dc, acc + dc); break;
-        case 6: pv_accum16<KV, 6>(Vc, voff, n, w, dc, acc + dc); break;
-        case 5: pv_accum16<KV, 5>(Vc, voff, n, w, dc, acc + dc); break;
-        case 4: pv_accum16<KV, 4>(Vc, voff, n, w, dc, acc + dc); break;
-        case 3: pv_accum16<KV, 3>(Vc, voff, n, w, dc, acc + dc); break;
-        case 2: pv_accum16<KV, 2>(Vc, voff, n, w, dc, acc + dc); break;
-        case 1: pv_accum16<KV, 1>(Vc, voff, n, w, dc, acc + dc); break;
-        default: break;
+void pv(const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride, int heads, int D, float* acc) {
+    for (int g0 = 0; g0 < heads; g0 += 3) {
+        const float* wg = w + g0 * wstride;
+        float* ag = acc + int64_t(g0) * D;
+        switch (heads - g0 >= 3 ? 3 : heads - g0) {
+            case 3: pv_heads<KV, 3, 8>(Vc, voff, n, wg, wstride, D, ag); break;
+            case 2: pv_heads<KV, 2, 8>(Vc, voff, n, wg, wstride, D, ag); break;
+            default: pv_heads<KV, 1, 8>(Vc, voff, n, wg, wstride, D, ag); break;
+        }
     }
 }
 
@@ -110,12 +164,13 @@ void attn_dec_scores8_avx512(int kind, const void* Kc, const int64_t* ko, const 
     }
 }
 
-void attn_dec_pv_avx512(int kind, const void* Vc, const int64_t* voff, int n, const float* w, int D, float* acc) {
+void attn_dec_pv_avx512(int kind, const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride,
+                        int heads, int D, float* acc) {
     switch (kind) {
-        case 1: pv<1>(Vc, voff, n, w, D, acc); break;
-        case 2: pv<2>(Vc, voff, n, w, D, acc); break;
-        case 3: pv<3>(Vc, voff, n, w, D, acc); break;
-        default: pv<0>(Vc, voff, n, w, D, acc); break;
+        case 1: pv<1>(Vc, voff, n, w, wstride, heads, D, acc); break;
+        case 2: pv<2>(Vc, voff, n, w, wstride, heads, D, acc); break;
+        case 3: pv<3>(Vc, voff, n, w, wstride, heads, D, acc); break;
+        default: pv<0>(Vc, voff, n, w, wstride, heads, D, acc); break;
     }
 }
 

@@ -10,7 +10,9 @@ namespace bessemer {
 // element offsets ko[0..8) and every head h (q: the row's H * D query values).
 void attn_dec_scores8_avx512(int kind, const void* Kc, const int64_t* ko, const float* q, int H, int Hkv, int D,
                              const float* kmul, float* sc, int64_t ncap);
-// acc[0..D) += sum_i w[i] * V[voff[i] ..] (V already offset to its KV head).
-void attn_dec_pv_avx512(int kind, const void* Vc, const int64_t* voff, int n, const float* w, int D, float* acc);
+// acc[g * D + d] += sum_i w[g * wstride + i] * V[voff[i] + d] for the `heads` query heads
+// g of one KV head (V already offset to it); each V element is converted once for all.
+void attn_dec_pv_avx512(int kind, const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride,
+                        int heads, int D, float* acc);
 
 }  // namespace bessemer
