@@ -42,7 +42,6 @@ from bessemer.quantization.packing import (  # noqa: E402
     int4_codes_layout,
     pack_group_params,
     pack_int4_codes,
-    pack_panel16_int4,
     pack_vnni16,
 )
 from bessemer.quantization.primitives import (  # noqa: E402
@@ -99,8 +98,7 @@ def weight_entries(name, w, dtype):
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
         layout, pdt = int4_form(K, dtype)
-        return [TensorEntry(name, "int4", layout, (N, K),
-                            lambda: pack_int4_codes(codes) if layout != "panel16_int4" else pack_panel16_int4(codes)),
+        return [TensorEntry(name, "int4", layout, (N, K), lambda: pack_int4_codes(codes, layout)),
                 TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: pack_group_params(sc, pdt)),
                 TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: pack_group_params(off, pdt))], \
             [name, name + ".s", name + ".o"]

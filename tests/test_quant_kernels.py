@@ -23,7 +23,7 @@ from bessemer import _C  # noqa: E402
 from bessemer.builder.engine_format import TensorEntry, pack_panel16, packed_nbytes, write_rank_file  # noqa: E402
 from bessemer.quantization.packing import (  # noqa: E402
     pack_group_params,
-    pack_panel16_int4,
+    pack_int4_codes,
     pack_panel16_int4_k8,
     unpack_panel16_int4_k8,
 )
@@ -33,6 +33,7 @@ from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
     quantize_int8_per_channel,
+    round_to_bf16,
     sqnr_db,
 )
 
@@ -61,9 +62,6 @@ def w8_entries(W):
     return ents, dequantize_int8_per_channel(q, s)
 
 
-INT4_PACKERS = {"panel16_int4": pack_panel16_int4, "panel16_int4_k8": pack_panel16_int4_k8}
-
-
 def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
     """params: stored dtype of scales/offsets; fp32 ones are nudged off the bf16 values
     int4_group_params returns, so that fp32 storage is tested with full-precision values."""
@@ -72,7 +70,7 @@ def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
         nudge = 1 + 1e-3 * np.random.default_rng(0).random(s.shape, dtype=np.float32)
         s, o = (s * nudge).astype(np.float32), (o * nudge).astype(np.float32)
     codes = quantize_int4(W, s, o, G)
-    ents = [entry("c", "int4", layout, codes.shape, INT4_PACKERS[layout](codes)),
+    ents = [entry("c", "int4", layout, codes.shape, pack_int4_codes(codes, layout)),
             entry("s", params, "panel16", s.shape, pack_group_params(s, params)),
             entry("o", params, "panel16", o.shape, pack_group_params(o, params))]
     return ents, dequantize_int4(codes, s, o, G)
@@ -88,13 +86,6 @@ def quant_plan(kind, N, K, bias, G=None, x_col=3, y_col=2, version=1):
     lin = step(op, [[0, x_col, K]], [[1, y_col, N]], ws, attrs, version)
     return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
                      [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
-
-
-def round_to_bf16(a):
-    """fp32 -> nearest-even bf16 values, as fp32 (the rounding of linear_w4a16@2)."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    return u.view(np.float32)
 
 
 def write(path, plan, entries):
@@ -186,7 +177,7 @@ def test_int4_layout_lanes(tmp_path, version, layout):
         codes[n, (3 * n) % K] = n % 15 + 1
     s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
     table = np.eye(K, dtype=np.float32)
-    ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), INT4_PACKERS[layout](codes)),
+    ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), pack_int4_codes(codes, layout)),
             entry("s", "float32", "panel16", s.shape, pack_group_params(s, "float32")),
             entry("o", "float32", "panel16", o.shape, pack_group_params(o, "float32"))]
     path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0, version), ents)

@@ -64,10 +64,10 @@ def int4_codes_layout(k: int) -> str:
     return "panel16_int4_k8" if k % 8 == 0 else "panel16_int4"
 
 
-def pack_int4_codes(codes: np.ndarray) -> np.ndarray:
-    """codes (N, K) in int4_codes_layout(K)."""
-    return pack_panel16_int4_k8(codes) if int4_codes_layout(codes.shape[1]) == "panel16_int4_k8" \
-        else pack_panel16_int4(codes)
+def pack_int4_codes(codes: np.ndarray, layout: str | None = None) -> np.ndarray:
+    """codes (N, K) in `layout` (panel16_int4 or panel16_int4_k8; default int4_codes_layout(K))."""
+    layout = layout or int4_codes_layout(codes.shape[1])
+    return pack_panel16_int4_k8(codes) if layout == "panel16_int4_k8" else pack_panel16_int4(codes)
 
 
 GROUP_PARAM_DTYPE = "bfloat16"  # int4 scales and offsets as stored (primitives.int4_group_params)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from bessemer.builder.engine_format import bfloat16_bits_to_float32, to_bfloat16_bits
+
 INT8_MAX = 127
 INT4_LEVELS = 16  # unsigned codes 0..15
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
-    """fp32 -> the nearest bf16 values (ties to even), as fp32 (finite inputs)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32).reshape(np.shape(x))
+    """fp32 -> the nearest bf16 values (ties to even), as fp32."""
+    return bfloat16_bits_to_float32(to_bfloat16_bits(np.asarray(x, dtype=np.float32)))
 
 
 def effective_group_size(k: int, group_size: int) -> int:

@@ -122,18 +122,18 @@ inline void pv_accum16(const void* Vc, const int64_t* voff, int n, const float* 
         for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc + g * astride + dc + 16 * v, a[g][v]);
 }
 
-// d chunks of at most NVMAX x 16 (GC x NVMAX accumulators <= 24 registers).
-template <int KV, int GC, int NVMAX>
+// d chunks of at most 128 (GC x 8 accumulators <= 24 registers).
+template <int KV, int GC>
 void pv_heads(const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstride, int D, float* acc) {
     int dc = 0;
-    for (; dc + 16 * NVMAX <= D; dc += 16 * NVMAX) pv_accum16<KV, NVMAX, GC>(Vc, voff, n, w, wstride, dc, acc, D);
+    for (; dc + 128 <= D; dc += 128) pv_accum16<KV, 8, GC>(Vc, voff, n, w, wstride, dc, acc, D);
     switch ((D - dc) / 16) {
-        case 7: if constexpr (NVMAX > 7) pv_accum16<KV, 7, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
-        case 6: if constexpr (NVMAX > 6) pv_accum16<KV, 6, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
-        case 5: if constexpr (NVMAX > 5) pv_accum16<KV, 5, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
-        case 4: if constexpr (NVMAX > 4) pv_accum16<KV, 4, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
-        case 3: if constexpr (NVMAX > 3) pv_accum16<KV, 3, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
-        case 2: if constexpr (NVMAX > 2) pv_accum16<KV, 2, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 7: pv_accum16<KV, 7, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 6: pv_accum16<KV, 6, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 5: pv_accum16<KV, 5, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 4: pv_accum16<KV, 4, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 3: pv_accum16<KV, 3, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
+        case 2: pv_accum16<KV, 2, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
         case 1: pv_accum16<KV, 1, GC>(Vc, voff, n, w, wstride, dc, acc, D); break;
         default: break;
     }
@@ -145,9 +145,9 @@ void pv(const void* Vc, const int64_t* voff, int n, const float* w, int64_t wstr
         const float* wg = w + g0 * wstride;
         float* ag = acc + int64_t(g0) * D;
         switch (heads - g0 >= 3 ? 3 : heads - g0) {
-            case 3: pv_heads<KV, 3, 8>(Vc, voff, n, wg, wstride, D, ag); break;
-            case 2: pv_heads<KV, 2, 8>(Vc, voff, n, wg, wstride, D, ag); break;
-            default: pv_heads<KV, 1, 8>(Vc, voff, n, wg, wstride, D, ag); break;
+            case 3: pv_heads<KV, 3>(Vc, voff, n, wg, wstride, D, ag); break;
+            case 2: pv_heads<KV, 2>(Vc, voff, n, wg, wstride, D, ag); break;
+            default: pv_heads<KV, 1>(Vc, voff, n, wg, wstride, D, ag); break;
         }
     }
 }

@@ -70,23 +70,21 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     if (G % 16 != 0 && G != K)
         kernel_error(c, "group_size " + std::to_string(G) + " must be a multiple of 16 or equal K = " +
                             std::to_string(K));
-    // @2 also reads panel16_int4_k8 (what the builder writes for it); @1 only panel16_int4.
-    if (c.version >= 2)
-        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4, LAYOUT_PANEL16_INT4_K8}, {int64_t(N), int64_t(K)});
-    else
-        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
-    // k8 codes have K % 8 == 0 (tensor check), so G (a multiple of 16, or K) is one of 8 too.
-    const bool k8 = c.weights[0]->layout == LAYOUT_PANEL16_INT4_K8;
-    // @2: fp32 or bf16 scales and offsets (the builder writes bf16); @1: fp32.
+    // @2 also reads panel16_int4_k8 codes and bf16 scales/offsets (what the builder writes
+    // for it); @1 only panel16_int4 and fp32.
     if (c.version >= 2) {
+        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4, LAYOUT_PANEL16_INT4_K8}, {int64_t(N), int64_t(K)});
         expect_weight(c, 1, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
         expect_weight(c, 2, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
         if (c.weights[1]->dtype != c.weights[2]->dtype)
             kernel_error(c, "scales and offsets must have the same dtype");
     } else {
+        expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
         expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
         expect_weight(c, 2, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
     }
+    // k8 codes have K % 8 == 0 (tensor check), so G (a multiple of 16, or K) is one of 8 too.
+    const bool k8 = c.weights[0]->layout == LAYOUT_PANEL16_INT4_K8;
     if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (c.version >= 2 && G > linear_w4a16_v2_max_group())
         kernel_error(c, "group_size " + std::to_string(G) + " is larger than linear_w4a16@2 supports (" +
@@ -103,7 +101,7 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         c.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
         repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, c.relaid.data());
     }
-    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], n each.
+    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], half each.
     const bool bf16_params = c.weights[1]->dtype == DT_BF16;
     c.iv[5] = bf16_params;
     if (bf16_params && !c.iv[3]) {
@@ -116,7 +114,6 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
                 std::memcpy(&c.relaid_f[w * n + i], &u, 4);
             }
         }
-        c.iv[6] = int64_t(n);
     }
 }
 
@@ -137,7 +134,7 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     // fp32 parameters (widened at prepare if stored as bf16)
     const float* scales = c.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : c.relaid_f.data();
     const float* offsets =
-        c.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : c.relaid_f.data() + c.iv[6];
+        c.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : c.relaid_f.data() + c.relaid_f.size() / 2;
     if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
                          ctx.nthreads, round_x);

@@ -177,19 +177,14 @@ void Executor::load_tensors(const py::object& tensors) {
             const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
             if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
             expect = (n * k * bits + 7) / 8;
-        } else if (t->layout == LAYOUT_PANEL16_INT4) {
-            // 4-bit codes, 8 bytes per (panel of 16 rows, k); see engine_format.py.
-            if (t->dtype != DT_I4) fail(where + ": panel16_int4 layout needs dtype int4");
-            if (t->shape.size() != 2) fail(where + ": panel16_int4 layout needs a 2-D shape");
+        } else if (t->layout == LAYOUT_PANEL16_INT4 || t->layout == LAYOUT_PANEL16_INT4_K8) {
+            // 4-bit codes, 8 bytes per (panel of 16 rows, k) (k8: 64 per 8 k); engine_format.py.
+            const std::string lay = layout_name(t->layout);
+            if (t->dtype != DT_I4) fail(where + ": " + lay + " layout needs dtype int4");
+            if (t->shape.size() != 2) fail(where + ": " + lay + " layout needs a 2-D shape");
             const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
-            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
-            expect = n * k / 2;
-        } else if (t->layout == LAYOUT_PANEL16_INT4_K8) {
-            // 4-bit codes, 64 bytes per (panel of 16 rows, 8 k); see engine_format.py.
-            if (t->dtype != DT_I4) fail(where + ": panel16_int4_k8 layout needs dtype int4");
-            if (t->shape.size() != 2) fail(where + ": panel16_int4_k8 layout needs a 2-D shape");
-            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
-            if (k % 8 != 0) fail(where + ": panel16_int4_k8 layout needs K a multiple of 8");
+            if (t->layout == LAYOUT_PANEL16_INT4_K8 && k % 8 != 0)
+                fail(where + ": panel16_int4_k8 layout needs K a multiple of 8");
             if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
             expect = n * k / 2;
         } else if (t->layout == LAYOUT_VNNI16) {
