@@ -23,7 +23,8 @@ setup(
     version="0.1.0",
     description="Ahead-of-time LLM engine builder and runtime",
     packages=find_packages(include=["bessemer", "bessemer.*"]),
-    package_data={"bessemer": ["py.typed"]},
+    # WikiText-2 validation text (CC BY-SA 3.0, see its README) for eval, gates and calibration
+    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*"]},
     python_requires=">=3.10",
     install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],
     extras_require={

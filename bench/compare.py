@@ -81,15 +81,10 @@ def select(patterns: str | None, universe) -> list[str]:
 
 
 def calibration_text() -> Path:
-    """WikiText-2 (valid) where the checkout has shared/ beside it, else a generated text."""
-    for wiki in (REPO.parent / "shared/data/wikitext-2/valid.txt", Path("/work/shared/data/wikitext-2/valid.txt")):
-        if wiki.exists():
-            return wiki
-    path = setup.cache_root() / "steel.txt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(" ".join(f"Steel mill {i} rolls plate and coil for the yard." for i in range(20000)))
-    return path
+    """WikiText-2 (valid), which ships in the bessemer package."""
+    from bessemer.datasets import wikitext2_valid
+
+    return wikitext2_valid()
 
 
 def tokenized_prompts(model: Path, workloads: dict) -> dict[str, list[list[int]]]:

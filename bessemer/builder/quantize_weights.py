@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from bessemer.builder.engine_format import pack_panel16
+from bessemer.datasets import text_path
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
 from bessemer.quantization.packing import GROUP_PARAM_DTYPE, pack_group_params, pack_int4_codes, pack_vnni16
@@ -45,7 +45,7 @@ class CalibrationResult:
 def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
     from bessemer.quantization.awq import awq_transforms
 
-    spec = CalibrationSpec(Path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
+    spec = CalibrationSpec(text_path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, cfg, quant, spec, say)
