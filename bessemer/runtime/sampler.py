@@ -33,6 +33,18 @@ def apply_penalties(logits: np.ndarray, prompt_ids: list[int], output_ids: list[
     return out
 
 
+def sample_next(logits: np.ndarray, params, prompt_ids: list[int], output_ids: list[int], banned: list[int],
+                rng: np.random.Generator) -> int:
+    """One sequence's next token. logits: (vocab,) raw; `params` a SamplingParams;
+    `banned` the tokens masked out (stop tokens before min_tokens)."""
+    x = apply_penalties(logits, prompt_ids, output_ids, params.repetition_penalty, params.presence_penalty,
+                        params.frequency_penalty)
+    if banned:
+        x = x.copy() if x is logits else x
+        x[banned] = -np.inf
+    return sample(x, params.temperature, params.top_k, params.top_p, rng, params.min_p)
+
+
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
            rng: np.random.Generator, min_p: float = 0.0) -> int:
     """logits: (vocab,) float32 -> token id."""
