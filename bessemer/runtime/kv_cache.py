@@ -63,6 +63,16 @@ class BlockManager:
         for _ in range(max(need, 0)):
             block_table.append(self._take_block())
 
+    def trim(self, block_table: list[int], num_tokens: int) -> None:
+        """Shrinks `block_table` in place to the blocks `num_tokens` tokens need (the KV of
+        rejected draft tokens is dropped). The dropped tail blocks were never shared or
+        cached: only full blocks of verified tokens are."""
+        keep = blocks_needed(num_tokens, self.block_size)
+        if keep < len(block_table):
+            tail = block_table[keep:]
+            del block_table[keep:]
+            self.free(tail)
+
     def _take_block(self) -> int:
         if self.free_blocks:
             block = self.free_blocks.pop()

@@ -19,6 +19,7 @@ from bessemer.runtime.llm_engine import LLMEngine
 from bessemer.runtime.outputs import CompletionOutput, RequestOutput  # noqa: F401 - public names
 from bessemer.runtime.sampling_params import SamplingParams
 from bessemer.runtime.sequence import Sequence
+from bessemer.runtime.speculative import SpeculativeConfig
 
 
 def _read_through(name: str) -> property:
@@ -28,12 +29,15 @@ def _read_through(name: str) -> property:
 class LLM:
     def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
-                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0):
+                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
+                 speculative: SpeculativeConfig | str | dict | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
-        waits for a late peer inside a step before the engine stops with an error."""
+        waits for a late peer inside a step before the engine stops with an error.
+        `speculative`: "ngram", or a dict / SpeculativeConfig (method, num_tokens,
+        ngram_min/max, draft_engine); see runtime/speculative/config.py."""
         self.llm_engine = LLMEngine(engine_dir, num_threads, kv_cache_gib, isa, verify_checksum, seed,
-                                    enable_prefix_caching, tp_timeout_s)
+                                    enable_prefix_caching, tp_timeout_s, speculative)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when this

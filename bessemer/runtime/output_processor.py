@@ -39,9 +39,10 @@ class OutputProcessor:
     def stop_ids(self, params: SamplingParams) -> set[int]:
         return set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_ids)
 
-    def banned_ids(self, seq: Sequence, vocab_size: int) -> list[int]:
-        """Tokens the sampler must not pick now: stop tokens until min_tokens are out."""
-        if len(seq.output_token_ids) >= seq.params.min_tokens:
+    def banned_ids(self, seq: Sequence, vocab_size: int, num_ahead: int = 0) -> list[int]:
+        """Tokens the sampler must not pick `num_ahead` tokens from now (draft positions):
+        stop tokens until min_tokens are out."""
+        if len(seq.output_token_ids) + num_ahead >= seq.params.min_tokens:
             return []
         return [t for t in self.stop_ids(seq.params) if t < vocab_size]
 

@@ -28,6 +28,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     min_tokens: int = 0  # stop tokens are masked until this many tokens are generated
     n: int = 1  # completions per prompt (seeds seed, seed+1, ...)
+    # Structured output (at most one; runtime/structured.py): the text must match
+    json_schema: dict | str | None = None  # a JSON schema ({"type": "object"}: any JSON object)
+    regex: str | None = None  # a regular expression (the whole output)
+    grammar: str | None = None  # a grammar: Lark, or GBNF/EBNF (`root ::= ...`)
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -50,6 +54,14 @@ class SamplingParams:
             raise InvalidOptionError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidOptionError(f"n must be a positive integer, got {self.n}")
+        constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
+        if len(constraints) > 1:
+            raise InvalidOptionError(f"give at most one of json_schema, regex and grammar, got {' and '.join(constraints)}")
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.grammar is not None
+
     @property
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -32,10 +32,11 @@ class ScheduledChunk:
 
     @property
     def num_logits(self) -> int:
-        """Rows of this chunk whose logits the step must return (its last ones)."""
+        """Rows of this chunk whose logits the step must return (its last ones): a
+        decode row and one per draft token it verifies."""
         if self.seq.score is not None:
             return self.num_tokens
-        return 1 if self.completes else 0
+        return 1 + self.seq.num_draft_tokens if self.completes else 0
 
 
 class Scheduler:
@@ -112,10 +113,30 @@ class Scheduler:
         seq.block_table, seq.block_keys = self.blocks.match_prefix(seq.token_ids, limit)
         seq.num_computed = len(seq.block_table) * bs
 
-    def computed(self, chunk: ScheduledChunk) -> None:
-        """Called after a step: the chunk's tokens now have K/V in the cache."""
+    def add_drafts(self, chunk: ScheduledChunk, drafts: list[int], dists: list | None,
+                   budget: int) -> ScheduledChunk:
+        """Extends a decode chunk by draft tokens to verify in the same step, as many as
+        `budget` (tokens left in the step) and the free blocks allow."""
         seq = chunk.seq
-        seq.num_computed += chunk.num_tokens
+        drafts = drafts[:budget]
+        while drafts and not self.blocks.can_allocate(seq.block_table, seq.num_computed + 1 + len(drafts)):
+            drafts = drafts[:-1]
+        if not drafts:
+            return chunk
+        self.blocks.allocate(seq.block_table, seq.num_computed + 1 + len(drafts))
+        seq.token_ids += drafts
+        seq.num_draft_tokens = len(drafts)
+        seq.draft_dists = dists[:len(drafts)] if dists is not None else None
+        return ScheduledChunk(seq, 1 + len(drafts))
+
+    def computed(self, chunk: ScheduledChunk, num_rejected: int = 0) -> None:
+        """Called after a step: the chunk's tokens, less the `num_rejected` draft tokens at
+        its end, now have K/V in the cache; the blocks of rejected ones are returned."""
+        seq = chunk.seq
+        # a stop string or token may have cut the accepted tokens short: never past them
+        seq.num_computed = min(seq.num_computed + chunk.num_tokens - num_rejected, len(seq.token_ids))
+        if num_rejected:
+            self.blocks.trim(seq.block_table, len(seq.token_ids))
         if seq.uses_prefix_cache:
             self.blocks.register(seq.token_ids, seq.block_table, seq.num_computed, seq.block_keys)
 

@@ -47,6 +47,11 @@ class Sequence:
     detok: object = None  # IncrementalDetokenizer when text is needed while generating
     text: str | None = None
     score: ScoreState | None = None  # set for a scored (not generated) sequence
+    # Speculative decoding: during a step, the last num_draft_tokens of token_ids are
+    # drafts being verified (draft_dists: their distributions q, None for point masses)
+    num_draft_tokens: int = 0
+    draft_dists: list | None = None
+    grammar: object = None  # structured.GrammarState of a constrained sequence
     arrival_time: float = 0.0
     first_token_time: float | None = None
     last_token_time: float | None = None
