@@ -1,6 +1,7 @@
 """Speculative decoding and constrained decoding on SmolLM2, batch 1, in one run.
 
-Workloads (greedy, 2 threads, prefix caching off so every run computes its prompt):
+Workloads (greedy, 2 threads, prefix caching off so every run computes its prompt, the minimum KV
+pool: one 2048-token sequence):
   ngram     input-grounded chat prompts whose answers copy from the prompt: "repeat this
             passage", "correct the typos in this passage", "continue this list of
             numbers / the same sentence pattern"; target without drafts vs prompt
@@ -82,15 +83,15 @@ def main() -> None:
 
     skip = set(filter(None, args.skip.split(",")))
     target = build(args.model, args.engines / f"smollm2-{args.target_dtype}", "--dtype", args.target_dtype)
-    llms = {"plain": LLM(target, num_threads=args.threads, enable_prefix_caching=False)}
+    llms = {"plain": LLM(target, num_threads=args.threads, enable_prefix_caching=False, kv_cache_gib=0)}
     tok = llms["plain"].tokenizer
     if "ngram" not in skip:
-        llms["ngram k4"] = LLM(target, num_threads=args.threads, enable_prefix_caching=False,
+        llms["ngram k4"] = LLM(target, num_threads=args.threads, enable_prefix_caching=False, kv_cache_gib=0,
                                speculative={"method": "ngram", "num_tokens": 4})
     if "draft" not in skip:
         draft = build(args.model, args.engines / "smollm2-w4a16", "--dtype", "bfloat16", "--quant", "w4a16")
         for k in map(int, args.draft_k.split(",")):
-            llms[f"draft k{k}"] = LLM(target, num_threads=args.threads, enable_prefix_caching=False,
+            llms[f"draft k{k}"] = LLM(target, num_threads=args.threads, enable_prefix_caching=False, kv_cache_gib=0,
                                       speculative={"method": "draft", "draft_engine": str(draft), "num_tokens": k})
     greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0)
     prompts = {"grounded": [tok.encode_chat([{"role": "user", "content": p}]) for p in GROUNDED],
