@@ -122,7 +122,7 @@ def main() -> None:
         rate = statistics.median(e["rates"])
         rows.append({"config": name, "prompts": kind, "decode_tok_s": round(rate, 1),
                      "speedup": round(rate / base[kind], 2), "acceptance": round(e["accepted"] / e["drafted"], 3)
-                     if e["drafted"] else None, "accepted_per_step": round(e["accepted"] / max(1, e["tokens"]), 3),
+                     if e["drafted"] else None, "accepted_share_of_tokens": round(e["accepted"] / max(1, e["tokens"]), 3),
                      "identical_text": same})
     if "json" not in skip:
         rows += json_overhead(llms["plain"], tok, SamplingParams, args)
