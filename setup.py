@@ -31,8 +31,10 @@ setup(
         # The builder reads checkpoints with torch; the runtime needs none of these.
         "build": ["torch==2.13.0", "transformers", "gguf", "accelerate"],
         "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi", "uvicorn",
-                 "httpx", "openmpi", "mpi4py"],
+                 "httpx", "openmpi", "mpi4py", "llguidance==1.9.1", "jsonschema"],
         "serve": ["fastapi", "uvicorn"],
+        # constrained decoding (json_schema / regex / grammar, response_format, tools); no torch
+        "structured": ["llguidance==1.9.1"],
         # `mpirun -n N run-engine ...`: MPI rank discovery and collectives (runtime/tp_group.py)
         "mpi": ["openmpi", "mpi4py"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
