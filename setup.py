@@ -12,8 +12,8 @@ EXTRA_COMPILE_ARGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenm
 
 ext = Pybind11Extension(
     "bessemer._C",
-    sorted(glob("bessemer/runtime/csrc/*.cpp") + glob("bessemer/plugins/csrc/*.cpp")),
-    include_dirs=["bessemer/runtime/csrc", "bessemer/plugins/csrc"],
+    sorted(glob("bessemer/format/csrc/*.cpp") + glob("bessemer/runtime/csrc/*.cpp") + glob("bessemer/plugins/csrc/*.cpp")),
+    include_dirs=["bessemer/format/csrc", "bessemer/runtime/csrc", "bessemer/plugins/csrc"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
 )

@@ -30,20 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import (  # noqa: E402
-    TensorEntry,
-    encode,
-    pack_panel16,
-    packed_nbytes,
-    write_rank_file,
-)
-from bessemer.quantization.packing import (  # noqa: E402
-    GROUP_PARAM_DTYPE,
-    int4_codes_layout,
-    pack_group_params,
-    pack_int4_codes,
-    pack_vnni16,
-)
+from bessemer.builder.lower import int4_codes_layout  # noqa: E402
+from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
+from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
+from bessemer.quantization.primitives import GROUP_PARAM_DTYPE, pack_group_params  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,

@@ -20,7 +20,7 @@ from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step
 from test_quant_kernels import entry, executor, f32_entry, write, zeros_entry  # noqa: E402
 
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import pack_panel16  # noqa: E402
+from bessemer.format.layouts import pack_panel16  # noqa: E402
 from bessemer.quantization import fp8  # noqa: E402
 from bessemer.quantization.primitives import sqnr_db  # noqa: E402
 

@@ -20,16 +20,10 @@ import tolerances as tol  # noqa: E402
 from bessemer import _C  # noqa: E402
 from bessemer.plugins import ops  # noqa: E402
 from bessemer.quantization import kv_cache as kvq  # noqa: E402
-from bessemer.quantization.kv_cache import kv_bytes_per_token  # noqa: E402
-from bessemer.builder.engine_format import (  # noqa: E402
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    TensorEntry,
-    bfloat16_bits_to_float32,
-    encode,
-    to_bfloat16_bits,
-    write_rank_file,
-)
+from bessemer.format.container import FORMAT_MAJOR, FORMAT_MINOR, TensorEntry, write_rank_file  # noqa: E402
+from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits  # noqa: E402
+from bessemer.format.kv import kv_bytes_per_token  # noqa: E402
+from bessemer.format.layouts import encode  # noqa: E402
 
 _FEATS = _C.cpu_features()
 ISAS = ["avx2"] + (["avx512"] if all(_FEATS[k] for k in ("avx512f", "avx512bw", "avx512vl")) else [])

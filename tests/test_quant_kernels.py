@@ -20,14 +20,16 @@ import tolerances as tol  # noqa: E402
 from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step  # noqa: E402
 
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import TensorEntry, pack_panel16, packed_nbytes, write_rank_file  # noqa: E402
-from bessemer.quantization.packing import (  # noqa: E402
-    pack_group_params,
+from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
+from bessemer.format.layouts import (  # noqa: E402
     pack_int4_codes,
+    pack_panel16,
     pack_panel16_int4_k8,
+    packed_nbytes,
     unpack_panel16_int4_k8,
 )
 from bessemer.quantization.primitives import (  # noqa: E402
+    pack_group_params,
     dequantize_int4,
     dequantize_int8_per_channel,
     int4_group_params,

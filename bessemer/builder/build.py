@@ -21,11 +21,12 @@ from typing import Callable
 import numpy as np
 
 import bessemer
-from bessemer.builder import engine_format as fmt
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.lower import TensorSpec, lower
+from bessemer.format import container
+from bessemer.format.layouts import encode, packed_nbytes
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
                                                quantize_fp8_weight, slice_codes)
@@ -122,7 +123,7 @@ class WeightSource:
                 smooth = self.calibration.multipliers[spec.parts[0]]
                 return smooth[spec.slices[0][2]:spec.slices[0][3]] if spec.slices else smooth
             if not spec.quant:
-                return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
+                return encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
                 self._cached = (spec.source, self._quantize(spec))
             return self._cached[1][spec.role]
@@ -181,7 +182,7 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     family = family_for(ckpt.config)
     cfg = family.config_from_hf(ckpt.config)
     graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, build, model_dir, None)
-    total = sum(fmt.packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
+    total = sum(packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
 
@@ -194,9 +195,9 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target, "isa_baseline": "avx2",
               "plan": plan.to_json()}
     source = WeightSource(ckpt, graph.constants, calibration)
-    entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
+    entries = [container.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
     rank_file = tmp / f"rank{rank}.engine"
-    digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
+    digest = container.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
             "kernels": plan.kernels(), "applied": applied, "quant_error": source.quant_stats,
@@ -279,7 +280,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
             shutil.copyfile(model_dir / name, tmp / name)
         n = build.tp_size
         config = {
-            "bessemer_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
+            "bessemer_format": {"major": container.FORMAT_MAJOR, "minor": container.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
             "target": build.target, "isa_baseline": "avx2",
             "model": cfg.to_json(), "build": build.to_json(),

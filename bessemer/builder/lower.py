@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, WeightRef
-from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
+from bessemer.format.kv import kv_cache_section
+from bessemer.format.plan import Buffer, ExecutionPlan, KernelCall, View
 from bessemer.plugins.ops import OPS
-from bessemer.quantization.kv_cache import PLAN_DTYPE
-from bessemer.quantization.packing import GROUP_PARAM_DTYPE, int4_codes_layout
+from bessemer.quantization.primitives import GROUP_PARAM_DTYPE
 
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
@@ -44,8 +44,13 @@ class TensorSpec:
     slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
 
 
+def int4_codes_layout(k: int) -> str:
+    """Layout int4 codes of a K-column matrix are stored in (what linear_w4a16@2 reads fastest)."""
+    return "panel16_int4_k8" if k % 8 == 0 else "panel16_int4"
+
+
 def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
-    """Stored parts of a quantized linear weight (layouts: quantization/packing.py)."""
+    """Stored parts of a quantized linear weight (layouts: format/layouts.py)."""
     q = dict(ref.quant)
     n, k = ref.shape
     common = dict(parts=ref.parts, quant=ref.quant, source=ref.name, slices=ref.slices)
@@ -202,13 +207,6 @@ def plan_memory(graph: Graph) -> tuple[dict[str, View], list[Buffer]]:
     return view, buffers
 
 
-def kv_cache_format(kv_dtype: str) -> dict:
-    """The plan's kv_cache element type (and, for one-byte codes, where their scales live)."""
-    if kv_dtype in PLAN_DTYPE:
-        return {"dtype": PLAN_DTYPE[kv_dtype], "scales": "dynamic_per_token_head_float32"}
-    return {"dtype": kv_dtype}
-
-
 def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:
     specs = select_storage(graph, build)
     view, buffers = plan_memory(graph)
@@ -233,6 +231,7 @@ def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPl
             op=op, version=KERNEL_VERSIONS.get(op, decl.version), node=n.name, ins=ins, outs=outs,
             weights=tuple(weights), attrs={k: float(v) for k, v in attrs.items()}))
     vocab = graph.values[graph.output].width
-    kv = dict(model_kv, **kv_cache_format(build.resolved_kv_dtype))
+    kv = kv_cache_section(model_kv["num_layers"], model_kv["num_kv_heads"], model_kv["head_dim"],
+                          build.resolved_kv_dtype)
     plan = ExecutionPlan(tuple(buffers), tuple(steps), kv, view[graph.output], vocab)
     return plan, list(specs.values())

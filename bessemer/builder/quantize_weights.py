@@ -1,8 +1,8 @@
 """Quantizes one weight while it is packed: fp32 array -> stored parts + its SQNR, and
 runs the calibration step that AWQ and GPTQ need before packing starts.
 
-One weight at a time (the builder streams); the stored layouts are those of
-quantization/packing.py whatever algorithm chose the codes.
+One weight at a time (the builder streams); the stored layouts (format/layouts.py) are the
+same whatever algorithm chose the codes.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bessemer.builder.engine_format import pack_panel16
+from bessemer.builder.lower import int4_codes_layout
+from bessemer.format.layouts import pack_int4_codes, pack_panel16, pack_vnni16
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
-from bessemer.quantization.packing import GROUP_PARAM_DTYPE, pack_group_params, pack_int4_codes, pack_vnni16
+from bessemer.quantization.primitives import GROUP_PARAM_DTYPE, pack_group_params
 
 
 @dataclass
@@ -126,7 +127,7 @@ def pack_quantized(w: np.ndarray, codes, scale, offset, quant: tuple) -> tuple[d
         parts = {"codes": pack_panel16(codes), "scales": scale}
     else:
         approx = prim.dequantize_int4(codes, scale, offset, q["group_size"])
-        parts = {"codes": pack_int4_codes(codes), "scales": pack_group_params(scale, GROUP_PARAM_DTYPE),
+        parts = {"codes": pack_int4_codes(codes, int4_codes_layout(codes.shape[1])), "scales": pack_group_params(scale, GROUP_PARAM_DTYPE),
                  "offsets": pack_group_params(offset, GROUP_PARAM_DTYPE)}
     stats = {"sqnr_db": round(prim.sqnr_db(w, approx), 2), "bits": q["bits"]}
     if q["bits"] == 4:

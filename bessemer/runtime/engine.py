@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bessemer.builder.engine_format import sha256_file
+from bessemer.format.container import sha256_file
 from bessemer.errors import EngineLoadError
-from bessemer.quantization.kv_cache import kv_bytes_per_token
+from bessemer.format.kv import section_bytes_per_token
 
 SUPPORTED_FORMAT_MAJOR = 1
 SUPPORTED_TARGETS = ("cpu",)
@@ -114,5 +114,4 @@ class Engine:
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token over all layers (K and V), per-(token, head) scales included."""
-        kv = self.header["plan"]["kv_cache"]
-        return kv_bytes_per_token(kv["num_layers"], kv["num_kv_heads"], kv["head_dim"], kv["dtype"])
+        return section_bytes_per_token(self.header["plan"]["kv_cache"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from bessemer.builder.engine_format import read_rank_header
+from bessemer.format.container import read_rank_header
 from bessemer.runtime.engine import Engine
 
 

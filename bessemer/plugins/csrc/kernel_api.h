@@ -14,19 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "contract.h"
+
 namespace bessemer {
 
 enum class Isa : int { AVX2 = 0, AVX512 = 1 };
 
-// Stable ids from builder/engine_format.py.
-enum DType : int { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I8 = 3, DT_U8 = 4, DT_I32 = 5,
-                   DT_F8E4M3 = 6, DT_I4 = 7 };
-enum Layout : int { LAYOUT_ROW_MAJOR = 0, LAYOUT_PANEL16 = 1, LAYOUT_PANEL16_INT4 = 2, LAYOUT_VNNI16 = 3,
-                    LAYOUT_PANEL16_INT4_K8 = 4 };
-enum RowKind : int { ROWS_TOKENS = 0, ROWS_SELECTED = 1 };
-
-const char* dtype_name(int dtype);
-const char* layout_name(int layout);
+// DType, Layout and RowKind ids, their names and size rules: format.h / contract.h
+// (generated from bessemer/format, the contract every target shares).
 
 struct TensorRef {
     std::string name;

@@ -38,31 +38,6 @@ std::string call_label(const KernelCall& c) {
 
 }  // namespace
 
-const char* dtype_name(int dtype) {
-    switch (dtype) {
-        case DT_F32: return "float32";
-        case DT_F16: return "float16";
-        case DT_BF16: return "bfloat16";
-        case DT_I8: return "int8";
-        case DT_U8: return "uint8";
-        case DT_I32: return "int32";
-        case DT_F8E4M3: return "float8_e4m3";
-        case DT_I4: return "int4";
-        default: return "unknown";
-    }
-}
-
-const char* layout_name(int layout) {
-    switch (layout) {
-        case LAYOUT_ROW_MAJOR: return "row_major";
-        case LAYOUT_PANEL16: return "panel16";
-        case LAYOUT_PANEL16_INT4: return "panel16_int4";
-        case LAYOUT_VNNI16: return "vnni16";
-        case LAYOUT_PANEL16_INT4_K8: return "panel16_int4_k8";
-        default: return "unknown";
-    }
-}
-
 const KernelDef* find_kernel(const std::string& op, int version) {
     for (const KernelDef& k : kKernels)
         if (op == k.op && version == k.version) return &k;

@@ -12,9 +12,7 @@
 namespace bessemer {
 
 namespace {
-constexpr char kMagic[8] = {'B', 'E', 'S', 'S', 'E', 'M', 'E', 'R'};
-constexpr uint64_t kPreamble = 24;
-constexpr uint64_t kDataAlign = 4096;
+constexpr uint64_t kPreamble = kPreambleBytes;
 
 template <typename T>
 T read_le(const char* p) {
@@ -48,7 +46,7 @@ EngineFile::EngineFile(const std::string& path) : path_(path) {
     if (m == MAP_FAILED) throw OsError(e, path, path + ": mmap failed: " + std::strerror(e));
     base_ = static_cast<const char*>(m);
     try {
-        if (std::memcmp(base_, kMagic, 8) != 0)
+        if (std::memcmp(base_, kEngineMagic, 8) != 0)
             throw std::invalid_argument(path + ": not a Bessemer engine file (bad magic)");
         major_ = read_le<uint16_t>(base_ + 8);
         minor_ = read_le<uint16_t>(base_ + 10);

@@ -1,9 +1,11 @@
-// Read-only mmap of a rank file (see builder/engine_format.py for the layout).
+// Read-only mmap of a rank file (see format/container.py for the layout).
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "format.h"
 
 namespace bessemer {
 
@@ -17,8 +19,7 @@ struct OsError : std::runtime_error {
 };
 
 // Opens any format version (so tools can read the header of a newer file); the Executor
-// refuses a format_major other than kFormatMajor.
-constexpr int kFormatMajor = 1;
+// refuses a format_major other than kFormatMajor (format.h).
 
 class EngineFile {
    public:

@@ -73,16 +73,6 @@ py::handle item(const py::dict& d, const char* key, const std::string& where) {
     return d[key];
 }
 
-int64_t elem_bits(int dtype) {
-    switch (dtype) {
-        case DT_F32: case DT_I32: return 32;
-        case DT_F16: case DT_BF16: return 16;
-        case DT_I8: case DT_U8: case DT_F8E4M3: return 8;
-        case DT_I4: return 4;
-        default: return -1;
-    }
-}
-
 // int32 array view of a step input (any integer dtype is converted; C order enforced).
 py::array_t<int32_t> as_i32(const py::object& obj, const char* name, int ndim) {
     if (py::isinstance<py::array>(obj)) {
@@ -162,41 +152,9 @@ void Executor::load_tensors(const py::object& tensors) {
         t->nbytes = to_int(item(d, "nbytes", where), where + ": nbytes");
         if (by_name_.count(t->name)) fail(where + ": duplicate name in the tensor table");
 
-        const int64_t bits = elem_bits(t->dtype);
-        if (bits < 0) fail(where + ": unknown dtype id " + std::to_string(t->dtype));
-        int64_t expect = 0;
-        if (t->layout == LAYOUT_ROW_MAJOR) {
-            int64_t n = 1;
-            for (int64_t s : t->shape) {
-                if (s != 0 && n > std::numeric_limits<int64_t>::max() / 8 / s) fail(where + ": shape too large");
-                n *= s;
-            }
-            expect = (n * bits + 7) / 8;
-        } else if (t->layout == LAYOUT_PANEL16) {
-            if (t->shape.size() != 2) fail(where + ": panel16 layout needs a 2-D shape");
-            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
-            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
-            expect = (n * k * bits + 7) / 8;
-        } else if (t->layout == LAYOUT_PANEL16_INT4 || t->layout == LAYOUT_PANEL16_INT4_K8) {
-            // 4-bit codes, 8 bytes per (panel of 16 rows, k) (k8: 64 per 8 k); engine_format.py.
-            const std::string lay = layout_name(t->layout);
-            if (t->dtype != DT_I4) fail(where + ": " + lay + " layout needs dtype int4");
-            if (t->shape.size() != 2) fail(where + ": " + lay + " layout needs a 2-D shape");
-            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = t->shape[1];
-            if (t->layout == LAYOUT_PANEL16_INT4_K8 && k % 8 != 0)
-                fail(where + ": panel16_int4_k8 layout needs K a multiple of 8");
-            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
-            expect = n * k / 2;
-        } else if (t->layout == LAYOUT_VNNI16) {
-            // int8, panels of 16 rows, k in groups of 4 bytes (K padded to 4); engine_format.py.
-            if (t->dtype != DT_I8) fail(where + ": vnni16 layout needs dtype int8");
-            if (t->shape.size() != 2) fail(where + ": vnni16 layout needs a 2-D shape");
-            const int64_t n = (t->shape[0] + 15) / 16 * 16, k = (t->shape[1] + 3) / 4 * 4;
-            if (k != 0 && n > std::numeric_limits<int64_t>::max() / 8 / k) fail(where + ": shape too large");
-            expect = n * k;
-        } else {
-            fail(where + ": unknown layout id " + std::to_string(t->layout));
-        }
+        std::string why;
+        const int64_t expect = stored_nbytes(t->dtype, t->layout, t->shape, &why);
+        if (expect < 0) fail(where + ": " + why);
         if (t->nbytes != expect)
             fail(where + ": nbytes " + std::to_string(t->nbytes) + " does not match its dtype/layout/shape (" +
                  std::to_string(expect) + " bytes expected)");
@@ -262,17 +220,18 @@ void Executor::load_plan(const py::dict& plan) {
         std::string dts = "float32";
         if (dt && py::isinstance<py::str>(dt)) dts = dt.cast<std::string>();
         else if (dt && py::isinstance<py::int_>(dt)) dts = dtype_name(dt.cast<int>());
-        if (dts == "float32") info_.kv_dtype = DT_F32;
-        else if (dts == "bfloat16") info_.kv_dtype = DT_BF16;
-        else if (dts == "int8") info_.kv_dtype = DT_I8;
-        else if (dts == "float8_e4m3") info_.kv_dtype = DT_F8E4M3;
-        else fail("kv_cache: dtype '" + dts + "' not supported (float32, bfloat16, int8 or float8_e4m3)");
+        info_.kv_dtype = dtype_id(dts);
+        const KvDTypeInfo* kvt = kv_dtype_info(info_.kv_dtype);
+        if (!kvt) {
+            std::string ok;
+            for (const KvDTypeInfo& k : kKvDTypes) ok += std::string(ok.empty() ? "" : ", ") + dtype_name(k.dtype);
+            fail("kv_cache: dtype '" + dts + "' not supported (" + ok + ")");
+        }
         // One-byte codes need their scales; only the dynamic per-(token, head) kind exists.
-        const bool coded = info_.kv_dtype == DT_I8 || info_.kv_dtype == DT_F8E4M3;
         const std::string scales = kv.contains("scales") && py::isinstance<py::str>(kv["scales"])
                                        ? kv["scales"].cast<std::string>() : std::string();
-        if (coded && scales != "dynamic_per_token_head_float32")
-            fail("kv_cache: dtype " + dts + " needs scales 'dynamic_per_token_head_float32', got '" + scales +
+        if (kvt->scale_bytes > 0 && scales != kvt->scales)
+            fail("kv_cache: dtype " + dts + " needs scales '" + kvt->scales + "', got '" + scales +
                  "'; rebuild the engine");
     }
     info_.vocab_size = int(to_int(item(plan, "vocab_size", "plan"), "plan vocab_size"));
@@ -341,11 +300,12 @@ void Executor::load_plan(const py::dict& plan) {
 void Executor::allocate_kv_cache() {
     if (info_.kv_layers == 0) return;
     if (has_attention_ && num_kv_blocks_ <= 0) fail("num_kv_blocks must be > 0 for a plan with attention");
-    const bool coded = info_.kv_dtype == DT_I8 || info_.kv_dtype == DT_F8E4M3;
-    const int64_t esz = info_.kv_dtype == DT_BF16 ? 2 : coded ? 1 : 4;
+    const KvDTypeInfo* kvt = kv_dtype_info(info_.kv_dtype);
+    const bool coded = kvt->scale_bytes > 0;
+    const int64_t esz = dtype_info(info_.kv_dtype)->bits / 8;
     const int64_t slots = int64_t(num_kv_blocks_) * kv_block_size_ * info_.kv_heads;  // (token, head) rows
     const int64_t per = slots * info_.head_dim * esz;
-    const int64_t per_scales = coded ? slots * int64_t(sizeof(float)) : 0;
+    const int64_t per_scales = slots * kvt->scale_bytes;
     k_cache_.resize(info_.kv_layers);
     v_cache_.resize(info_.kv_layers);
     k_ptrs_.resize(info_.kv_layers);
@@ -366,7 +326,8 @@ void Executor::allocate_kv_cache() {
             v_scale_ptrs_[l] = static_cast<float*>(v_scale_[l].get());
         }
     }
-    kv_cache_bytes_ = 2 * (per + per_scales) * info_.kv_layers;
+    kv_cache_bytes_ = int64_t(num_kv_blocks_) * kv_block_size_ *
+                      kv_bytes_per_token(info_.kv_layers, info_.kv_heads, info_.head_dim, info_.kv_dtype);
 }
 
 py::dict Executor::profile_stats() {

@@ -1,8 +1,9 @@
 """ExecutionPlan: what one rank's runtime executes, step after step.
 
 A plan is a flat list of kernel calls over activation buffers. It is stored in the rank
-file's JSON header under "plan" and executed by the C++ Executor (runtime/csrc), which
-resolves every `op@version` to a kernel once at load time and refuses unknown ones.
+file's JSON header under "plan" and executed by a target's executor (the cpu one:
+targets/cpu/csrc), which resolves every `op@version` to a kernel once at load time and
+refuses unknown ones.
 
 Plan JSON::
 
@@ -23,15 +24,8 @@ An operand view [buf, col, width] is the column range [col, col+width) of every 
 buffer `buf`; its row stride is the buffer's width. Views let the fused qkv output feed
 rope and attention, and the fused gate_up output feed silu_mul, without copies.
 
-Step inputs (numpy int32 arrays, given to Executor.step each step):
-
-    token_ids      [T]        token of each row
-    positions      [T]        position of each row in its sequence
-    cu_seqlens     [S+1]      rows of sequence s are cu_seqlens[s] .. cu_seqlens[s+1]-1
-    context_lens   [S]        tokens of sequence s in the KV cache after this step
-    block_tables   [S, B]     KV block ids of sequence s (block b holds positions
-                              b*block_size .. (b+1)*block_size-1); unused entries are -1
-    logits_indices [L]        rows whose logits are returned ([L, V] float32)
+Step inputs: the six int32 arrays of format/step.py (StepBatch: token_ids, positions,
+cu_seqlens, context_lens, block_tables, logits_indices).
 
 Kernels (attrs are numbers; weights are names in the rank file's tensor table):
 
@@ -101,7 +95,7 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    the last may be shorter); y = every rank's columns side by side
                    (the vocab-parallel lm_head's logits)
                    Both run over the communicator attached to the executor
-                   (runtime/csrc/communicator.h); a failed peer fails the step.
+                   (targets/cpu/csrc/communicator.h on the cpu target); a failed peer fails the step.
 
 The "logits" view (width vocab_size) is returned as the step's [L, V] result: rows 0..L-1
 of its buffer when that buffer has "selected" rows, or the rows named by logits_indices
@@ -111,7 +105,8 @@ The KV cache of each layer is two arrays [num_blocks, block_size, num_kv_heads, 
 (K and V) in kv_cache.dtype (float32, bfloat16, int8 or float8_e4m3), allocated by the
 executor. The one-byte dtypes carry kv_cache.scales = "dynamic_per_token_head_float32": two
 more arrays [num_blocks, block_size, num_kv_heads] float32 per layer (K and V scales), set
-when attention@1 writes a row (quantization/kv_cache.py is the reference).
+when attention@1 writes a row (quantization/kv_cache.py is the reference). Its bytes per
+token: format/kv.py.
 """
 
 from __future__ import annotations
