@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.builder.lower import int4_codes_layout  # noqa: E402
+from bessemer.targets.cpu.lowering import int4_codes_layout  # noqa: E402
 from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
 from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
 from bessemer.quantization.primitives import GROUP_PARAM_DTYPE, pack_group_params  # noqa: E402

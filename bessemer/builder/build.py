@@ -24,8 +24,9 @@ import bessemer
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
-from bessemer.builder.lower import TensorSpec, lower
+from bessemer.builder.lower import TensorSpec
 from bessemer.format import container
+from bessemer.format.kv import kv_cache_section
 from bessemer.format.layouts import encode, packed_nbytes
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
@@ -33,6 +34,7 @@ from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pac
 from bessemer.quantization.awq import apply_transform
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
+from bessemer.targets import get_target
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json",
@@ -168,9 +170,8 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     graph, applied = run_passes(graph, build, Path(dump_ir) if dump_ir else None)
     attn = next((n for n in graph.nodes if n.op == "attention"), None)
     kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
-    kv = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads, head_dim=cfg.head_dim)
-    plan, specs = lower(graph, build, kv)
-    return graph, applied, plan, specs
+    kv = kv_cache_section(cfg.num_hidden_layers, kv_heads, cfg.head_dim, build.resolved_kv_dtype)
+    return graph, applied, get_target(build.target).lower(graph, build, kv)
 
 
 def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress) -> dict:
@@ -181,7 +182,8 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     ckpt = Checkpoint(model_dir)
     family = family_for(ckpt.config)
     cfg = family.config_from_hf(ckpt.config)
-    graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, build, model_dir, None)
+    graph, applied, lowered = _rank_graph(family, cfg, ckpt, build, model_dir, None)
+    specs = lowered.tensors
     total = sum(packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
@@ -192,15 +194,15 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         if done[1] % 20 == 0 or done[0] == total:
             say(f"{prefix}packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
 
-    header = {"rank": rank, "tp_size": build.tp_size, "target": build.target, "isa_baseline": "avx2",
-              "plan": plan.to_json()}
+    header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
+              **get_target(build.target).header_fields(build), "plan": lowered.plan}
     source = WeightSource(ckpt, graph.constants, calibration)
     entries = [container.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
     rank_file = tmp / f"rank{rank}.engine"
     digest = container.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
-            "kernels": plan.kernels(), "applied": applied, "quant_error": source.quant_stats,
+            "kernels": list(lowered.kernels), "applied": applied, "quant_error": source.quant_stats,
             "seconds": round(time.perf_counter() - t, 3),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
@@ -248,10 +250,10 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     # so a bad --tp fails in a second with nothing written.
     t = time.perf_counter()
     for r in range(build.tp_size):
-        graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
+        graph, applied, lowered = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
         if r == 0:
             say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
-                f"plan: {len(plan.steps)} kernel calls, {len(plan.buffers)} buffers"
+                f"plan: {lowered.summary}"
                 + (f" (rank 0 of {build.tp_size})" if build.tp_size > 1 else ""))
     timings["graph_and_passes"] = time.perf_counter() - t
 
@@ -263,7 +265,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         if build.quant.algorithm == "smoothquant":  # record the backend that ran, not "auto"
             build = replace(build, quant=replace(build.quant, calib_backend=calibration.backend))
             # an excluded o_proj runs in floating point without the kernel's 1/s: unsmoothed
-            kept = {s.parts[0] for s in specs if s.role == "smooth"}
+            kept = {s.parts[0] for s in lowered.tensors if s.role == "smooth"}
             for name in [n for n in calibration.multipliers if n not in kept]:
                 del calibration.multipliers[name]
                 calibration.transforms.pop(name, None)
@@ -282,7 +284,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         config = {
             "bessemer_format": {"major": container.FORMAT_MAJOR, "minor": container.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
-            "target": build.target, "isa_baseline": "avx2",
+            "target": build.target, **get_target(build.target).header_fields(build),
             "model": cfg.to_json(), "build": build.to_json(),
             "quant": build.quant.to_json() if build.quant else None,
             "mapping": {"tp_size": n, "pp_size": 1, "world_size": n},

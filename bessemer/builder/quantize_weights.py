@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bessemer.builder.lower import int4_codes_layout
+from bessemer.targets.cpu.lowering import int4_codes_layout
 from bessemer.format.layouts import pack_int4_codes, pack_panel16, pack_vnni16
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.calibration import CalibrationSpec, collect, input_key

@@ -7,7 +7,7 @@
 
 #include "communicator.h"
 #include "contract.h"
-#include "engine_file.h"
+#include "rank_file.h"
 #include "executor.h"
 
 namespace py = pybind11;

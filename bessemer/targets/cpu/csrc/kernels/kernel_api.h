@@ -1,4 +1,4 @@
-// Kernel interface shared by the executor (runtime/csrc) and the kernels (plugins/csrc).
+// Kernel interface shared by the cpu executor (targets/cpu/csrc) and its kernels (csrc/kernels).
 //
 // A plan step is resolved once, at load time, to a KernelDef (op@version). Its `prepare`
 // checks the step (views, weights, attrs) against the plan and stores what `run` needs in
@@ -69,7 +69,7 @@ struct KernelCall {
     std::vector<float> relaid_f;
 };
 
-// Collectives of a tensor-parallel group (runtime/csrc/communicator.h implements them:
+// Collectives of a tensor-parallel group (targets/cpu/csrc/communicator.h implements them:
 // shared memory on one machine, or a Python object such as an MPI communicator). Calls
 // never throw: false means the group failed (a peer died, timed out or aborted) and
 // error() says why; the executor turns that into an exception after the step.

@@ -1,4 +1,4 @@
-#include "engine_file.h"
+#include "rank_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

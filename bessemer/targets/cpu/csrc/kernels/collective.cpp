@@ -1,5 +1,5 @@
 // all_reduce@1, all_gather@1: tensor-parallel collectives over the step's Collectives
-// (runtime/csrc/communicator.*). prepare checks the views and keeps the rank attrs so the
+// (targets/cpu/csrc/communicator.*). prepare checks the views and keeps the rank attrs so the
 // executor can refuse a communicator of another rank or group size.
 #include "kernels.h"
 

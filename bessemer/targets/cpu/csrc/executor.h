@@ -1,4 +1,4 @@
-// Executor: runs an ExecutionPlan (builder/plan.py) over a mmapped rank file.
+// Executor: runs an ExecutionPlan (format/plan.py) over a mmapped rank file: the cpu target.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine_file.h"
+#include "rank_file.h"
 #include "kernel_api.h"
 
 namespace bessemer {

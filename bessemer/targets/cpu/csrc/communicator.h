@@ -1,4 +1,4 @@
-// Tensor-parallel communicators (the Collectives of plugins/csrc/kernel_api.h).
+// Tensor-parallel communicators (the Collectives of kernels/kernel_api.h).
 //
 // ShmCommunicator: the ranks of one machine share a POSIX shared-memory segment:
 //
