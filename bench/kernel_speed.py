@@ -19,7 +19,6 @@ with distinct weight tensors; the time of a plan without the linear steps is sub
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -31,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
 from bessemer.targets.cpu.lowering import int4_codes_layout  # noqa: E402
-from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
+from bessemer.format.container import TensorEntry, rewrite_header, write_rank_file  # noqa: E402
+from bessemer.format.step import StepBatch  # noqa: E402
 from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
 from bessemer.quantization.primitives import GROUP_PARAM_DTYPE, pack_group_params  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
@@ -129,17 +129,15 @@ def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
 
 
 def run_engine(path, M, threads, isa, with_linear=True):
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    plan = hdr["plan"]
-    if not with_linear:
-        plan = dict(plan, steps=plan["steps"][:1])
-    ex = _C.Executor(f, hdr["tensors"], plan, threads, 16, 1, isa)
+    if not with_linear:  # the same file with only the embedding step
+        path = rewrite_header(path, path.with_suffix(".base"),
+                              lambda h: h["plan"].update(steps=h["plan"]["steps"][:1]))
+    ex = _C.Executor(_C.EngineFile(str(path)), threads, 16, 1, isa)
     tok = i32(np.arange(M) % 64)
-    args = (tok, i32(np.zeros(M)), i32([0, M]), i32([M]), i32(np.full((1, (M + 15) // 16), -1)), i32([0]))
+    batch = StepBatch.of(tok, np.zeros(M), [0, M], [M], np.full((1, (M + 15) // 16), -1), [0])
     for _ in range(2):
-        ex.step(*args)
-    return ex, timeit(lambda: ex.step(*args))
+        ex.step(batch)
+    return ex, timeit(lambda: ex.step(batch))
 
 
 def bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng):
@@ -147,6 +145,7 @@ def bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng):
     ex, t_all = run_engine(path, M, threads, isa)
     _, t_base = run_engine(path, M, threads, isa, with_linear=False)
     path.unlink()
+    path.with_suffix(".base").unlink()
     return ex.isa, max(t_all - t_base, 1e-9) / R, weights
 
 

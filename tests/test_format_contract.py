@@ -4,6 +4,8 @@ equal Python's for every id."""
 
 import itertools
 
+import numpy as np
+
 import pytest
 
 from bessemer import _C
@@ -54,3 +56,58 @@ def test_kv_bytes_per_token_agrees():
     assert kv.kv_dtype("fp8") == kv.kv_dtype("float8_e4m3")
     with pytest.raises(ValueError):
         _C.kv_bytes_per_token(1, 1, 8, "int4")
+
+
+def test_step_batch_wire_round_trip():
+    from bessemer.format.step import StepBatch, is_stop, stop_words
+
+    rng = np.random.default_rng(0)
+    tables = rng.integers(-1, 50, (3, 5))
+    batch = StepBatch.of(rng.integers(0, 100, 9), rng.integers(0, 30, 9), [0, 4, 5, 9], [10, 2, 30], tables, [3, 4, 8])
+    words = batch.encode()
+    assert words.dtype == np.int32 and len(words) <= StepBatch.max_words(9, 3, 5) and not is_stop(words)
+    back = StepBatch.decode(words)
+    for a, b in zip(batch.arrays(), back.arrays()):
+        np.testing.assert_array_equal(a, b)
+        assert a.shape == b.shape
+    assert is_stop(stop_words())
+    with pytest.raises(ValueError, match="token_ids: expected an int32 array"):
+        StepBatch.of([1.5], [0], [0, 1], [1], [[0]], [0])
+
+
+def _rank_file(tmp_path, header: bytes):
+    path = tmp_path / "h.engine"
+    pad = (-(container.PREAMBLE.size + len(header))) % container.DATA_ALIGN
+    path.write_bytes(container.PREAMBLE.pack(container.MAGIC, 1, 1, 0, len(header)) + header + b"\0" * pad)
+    return path
+
+
+@pytest.mark.parametrize("text, match", [
+    (b"{", "header JSON: expected a string key at byte 1"),
+    (b"[1, ", "header JSON: unexpected end"),
+    (b'{"plan": 1} x', "trailing bytes"),
+    (b'{"tensors": [], "plan": {"buffers": [], "steps": []}}', "missing 'vocab_size'"),
+    (b'{"tensors": [{"name": "\\ud800"}], "plan": {}}', "lone surrogate"),
+    (b"[" * 100, "nesting deeper than 64"),
+])
+def test_cpp_header_reader_refuses_malformed_json(tmp_path, text, match):
+    f = _C.EngineFile(str(_rank_file(tmp_path, text)))
+    with pytest.raises(ValueError, match=match):
+        _C.Executor(f, 1, 16, 1)
+
+
+def test_cpp_header_reader_decodes_escapes(tmp_path):
+    """The C++ reader gets the same strings Python wrote (\\u escapes, quotes, backslashes):
+    a node name comes back in a kernel's load error."""
+    import json
+
+    node = 'layers.0.\u00e9\u4e2d\U0001F600 "q"\\n'
+    plan = {"buffers": [{"id": 0, "width": 4, "rows": "tokens"}],
+            "steps": [{"op": "rms_norm", "version": 1, "node": node, "ins": [[0, 0, 4]], "outs": [[0, 0, 4]],
+                       "weights": [], "attrs": {}}],
+            "logits": [0, 0, 4], "vocab_size": 4}
+    header = json.dumps({"tensors": [], "plan": plan}, sort_keys=True, separators=(",", ":")).encode()
+    assert b"\\u" in header  # Python escapes non-ASCII
+    with pytest.raises(ValueError) as e:
+        _C.Executor(_C.EngineFile(str(_rank_file(tmp_path, header))), 1, 16, 1)
+    assert f"({node})" in str(e.value)

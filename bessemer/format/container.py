@@ -45,7 +45,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -144,3 +144,21 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def rewrite_header(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
+    """Copies rank file `src` to `dst` with its header changed by `edit` (in place on the
+    parsed dict) and the tensor data unchanged: for tools and tests that need a plan
+    without some steps, or a damaged table, without rebuilding. data_size is kept as is."""
+    major, minor, header, data_offset = read_rank_header(Path(src))
+    edit(header)
+    with open(src, "rb") as f:
+        f.seek(data_offset)
+        data = f.read()
+    blob = header_bytes(header)
+    with open(dst, "wb") as f:
+        f.write(PREAMBLE.pack(MAGIC, major, minor, 0, len(blob)))
+        f.write(blob)
+        f.write(b"\0" * (align_up(PREAMBLE.size + len(blob), DATA_ALIGN) - PREAMBLE.size - len(blob)))
+        f.write(data)
+    return Path(dst)

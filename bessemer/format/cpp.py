@@ -80,7 +80,7 @@ def render() -> str:
         "};",
         "",
         "// format/plan.py: a buffer's rows.",
-        f"enum RowKind : int {{ ROWS_TOKENS = 0, ROWS_SELECTED = 1 }};",
+        "enum RowKind : int { ROWS_TOKENS = 0, ROWS_SELECTED = 1 };",
         f"inline constexpr const char* kRowKindNames[] = {{\"{plan.ROWS_TOKENS}\", \"{plan.ROWS_SELECTED}\"}};",
         "",
         "}  // namespace bessemer",

@@ -50,8 +50,7 @@ class CpuTarget(Target):
         _C = native()
         try:
             file = _C.EngineFile(str(engine.rank_path))
-            return _C.Executor(file, engine.header["tensors"], engine.header["plan"], num_threads,
-                               int(engine.build["kv_block_size"]), num_kv_blocks, isa)
+            return _C.Executor(file, num_threads, int(engine.build["kv_block_size"]), num_kv_blocks, isa)
         except ValueError as e:
             raise EngineLoadError(str(e)) from None
 

@@ -63,16 +63,6 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-int64_t to_int(const py::handle& h, const std::string& what) {
-    if (!py::isinstance<py::int_>(h) || py::isinstance<py::bool_>(h)) fail(what + " must be an integer");
-    return h.cast<int64_t>();
-}
-
-py::handle item(const py::dict& d, const char* key, const std::string& where) {
-    if (!d.contains(key)) fail(where + ": missing '" + key + "'");
-    return d[key];
-}
-
 // int32 array view of a step input (any integer dtype is converted; C order enforced).
 py::array_t<int32_t> as_i32(const py::object& obj, const char* name, int ndim) {
     if (py::isinstance<py::array>(obj)) {
@@ -95,8 +85,8 @@ py::array_t<int32_t> as_i32(const py::object& obj, const char* name, int ndim) {
 
 // ---------------------------------------------------------------- construction
 
-Executor::Executor(std::shared_ptr<EngineFile> file, const py::object& tensors, const py::dict& plan,
-                   int num_threads, int kv_block_size, int num_kv_blocks, const std::string& isa)
+Executor::Executor(std::shared_ptr<EngineFile> file, int num_threads, int kv_block_size, int num_kv_blocks,
+                   const std::string& isa)
     : file_(std::move(file)) {
     if (!file_) fail("Executor: file is None");
     if (file_->format_major() != kFormatMajor)
@@ -125,156 +115,43 @@ Executor::Executor(std::shared_ptr<EngineFile> file, const py::object& tensors, 
         fail("unknown isa '" + isa + "' (expected auto, avx2 or avx512)");
     }
 
-    load_tensors(tensors);
-    load_plan(plan);
+    header_ = read_rank_header(*file_);
+    load_plan(header_.plan);
     allocate_kv_cache();
 }
 
-void Executor::load_tensors(const py::object& tensors) {
-    const uint64_t fsize = file_->size(), doff = file_->data_offset();
-    const uint8_t* base = file_->data() + doff;
-    for (const py::handle& h : tensors) {
-        if (!py::isinstance<py::dict>(h)) fail("tensor table entries must be dicts");
-        const py::dict d = py::reinterpret_borrow<py::dict>(h);
-        auto t = std::make_unique<TensorRef>();
-        const py::handle nm = item(d, "name", "tensor");
-        if (!py::isinstance<py::str>(nm)) fail("tensor name must be a string");
-        t->name = nm.cast<std::string>();
-        const std::string where = "tensor " + t->name;
-        t->dtype = int(to_int(item(d, "dtype", where), where + ": dtype"));
-        t->layout = int(to_int(item(d, "layout", where), where + ": layout"));
-        for (const py::handle& s : item(d, "shape", where)) {
-            const int64_t v = to_int(s, where + ": shape");
-            if (v < 0) fail(where + ": negative dimension in shape");
-            t->shape.push_back(v);
-        }
-        const int64_t offset = to_int(item(d, "offset", where), where + ": offset");
-        t->nbytes = to_int(item(d, "nbytes", where), where + ": nbytes");
-        if (by_name_.count(t->name)) fail(where + ": duplicate name in the tensor table");
-
-        std::string why;
-        const int64_t expect = stored_nbytes(t->dtype, t->layout, t->shape, &why);
-        if (expect < 0) fail(where + ": " + why);
-        if (t->nbytes != expect)
-            fail(where + ": nbytes " + std::to_string(t->nbytes) + " does not match its dtype/layout/shape (" +
-                 std::to_string(expect) + " bytes expected)");
-        if (offset < 0 || offset % 64 != 0)
-            fail(where + ": offset " + std::to_string(offset) + " is not a non-negative multiple of 64");
-        if (uint64_t(offset) > fsize || doff + uint64_t(offset) + uint64_t(t->nbytes) > fsize)
-            fail(where + ": data [" + std::to_string(offset) + ", +" + std::to_string(t->nbytes) +
-                 ") runs past the end of the file");
-        t->data = base + offset;
-        by_name_[t->name] = t.get();
-        tensors_.push_back(std::move(t));
-    }
-}
-
-ViewRef Executor::parse_view(const py::handle& h, const char* where) const {
-    if (!py::isinstance<py::sequence>(h) || py::isinstance<py::str>(h) || py::len(h) != 3)
-        fail(std::string(where) + ": a view is [buf, col, width]");
-    py::sequence s = py::reinterpret_borrow<py::sequence>(h);
-    ViewRef v;
-    v.buf = int(to_int(s[0], where));
-    v.col = int(to_int(s[1], where));
-    v.width = int(to_int(s[2], where));
-    if (v.buf < 0 || size_t(v.buf) >= info_.buffers.size() || !info_.buffers[v.buf].defined)
-        fail(std::string(where) + ": view refers to unknown buffer " + std::to_string(v.buf));
-    const int bw = info_.buffers[v.buf].width;
-    if (v.col < 0 || v.width <= 0 || int64_t(v.col) + v.width > bw)
-        fail(std::string(where) + ": view [" + std::to_string(v.buf) + ", " + std::to_string(v.col) + ", " +
-             std::to_string(v.width) + "] is outside buffer " + std::to_string(v.buf) + " (width " +
-             std::to_string(bw) + ")");
-    return v;
-}
-
-void Executor::load_plan(const py::dict& plan) {
+void Executor::load_plan(const PlanDesc& plan) {
     info_.isa = isa_;
-    // Buffers.
-    for (const py::handle& h : item(plan, "buffers", "plan")) {
-        const py::dict d = py::reinterpret_borrow<py::dict>(h);
-        const int64_t id = to_int(item(d, "id", "plan buffer"), "plan buffer id");
-        const int64_t width = to_int(item(d, "width", "plan buffer"), "plan buffer width");
-        const std::string rows = d.contains("rows") ? d["rows"].cast<std::string>() : "tokens";
-        if (id < 0 || id > 1000000) fail("plan buffer id " + std::to_string(id) + " out of range");
-        if (width <= 0 || width > (1 << 30)) fail("plan buffer " + std::to_string(id) + ": bad width");
-        if (size_t(id) >= info_.buffers.size()) info_.buffers.resize(id + 1);
-        BufferInfo& b = info_.buffers[id];
-        if (b.defined) fail("plan buffer " + std::to_string(id) + " defined twice");
-        b.defined = true;
-        b.width = int(width);
-        if (rows == "tokens") b.rows = ROWS_TOKENS;
-        else if (rows == "selected") b.rows = ROWS_SELECTED;
-        else fail("plan buffer " + std::to_string(id) + ": rows must be 'tokens' or 'selected'");
-    }
-    // KV cache.
-    if (plan.contains("kv_cache") && !plan["kv_cache"].is_none()) {
-        const py::dict kv = plan["kv_cache"].cast<py::dict>();
-        info_.kv_layers = int(to_int(item(kv, "num_layers", "kv_cache"), "kv_cache num_layers"));
-        if (info_.kv_layers > 0) {
-            info_.kv_heads = int(to_int(item(kv, "num_kv_heads", "kv_cache"), "kv_cache num_kv_heads"));
-            info_.head_dim = int(to_int(item(kv, "head_dim", "kv_cache"), "kv_cache head_dim"));
-            if (info_.kv_heads <= 0 || info_.head_dim <= 0) fail("kv_cache: num_kv_heads/head_dim must be > 0");
-        }
-        if (info_.kv_layers < 0) fail("kv_cache: num_layers must be >= 0");
-        py::handle dt = kv.contains("dtype") ? py::handle(kv["dtype"]) : py::handle();
-        std::string dts = "float32";
-        if (dt && py::isinstance<py::str>(dt)) dts = dt.cast<std::string>();
-        else if (dt && py::isinstance<py::int_>(dt)) dts = dtype_name(dt.cast<int>());
-        info_.kv_dtype = dtype_id(dts);
-        const KvDTypeInfo* kvt = kv_dtype_info(info_.kv_dtype);
-        if (!kvt) {
-            std::string ok;
-            for (const KvDTypeInfo& k : kKvDTypes) ok += std::string(ok.empty() ? "" : ", ") + dtype_name(k.dtype);
-            fail("kv_cache: dtype '" + dts + "' not supported (" + ok + ")");
-        }
-        // One-byte codes need their scales; only the dynamic per-(token, head) kind exists.
-        const std::string scales = kv.contains("scales") && py::isinstance<py::str>(kv["scales"])
-                                       ? kv["scales"].cast<std::string>() : std::string();
-        if (kvt->scale_bytes > 0 && scales != kvt->scales)
-            fail("kv_cache: dtype " + dts + " needs scales '" + kvt->scales + "', got '" + scales +
-                 "'; rebuild the engine");
-    }
-    info_.vocab_size = int(to_int(item(plan, "vocab_size", "plan"), "plan vocab_size"));
-    if (info_.vocab_size <= 0) fail("plan vocab_size must be > 0");
-    logits_ = parse_view(item(plan, "logits", "plan"), "plan logits");
-    if (logits_.width != info_.vocab_size)
-        fail("plan logits view has width " + std::to_string(logits_.width) + ", vocab_size is " +
-             std::to_string(info_.vocab_size));
+    info_.buffers = plan.buffers;
+    info_.kv_layers = plan.kv.layers;
+    info_.kv_heads = plan.kv.heads;
+    info_.head_dim = plan.kv.head_dim;
+    info_.kv_dtype = plan.kv.dtype;
+    info_.vocab_size = plan.vocab_size;
+    logits_ = plan.logits;
     token_limit_ = info_.vocab_size;
 
-    // Steps.
     int idx = 0;
     bool any_unwindowed = false;
-    for (const py::handle& h : item(plan, "steps", "plan")) {
+    for (const PlanStep& s : plan.steps) {
         const std::string where = "plan step " + std::to_string(idx++);
-        const py::dict d = py::reinterpret_borrow<py::dict>(h);
         KernelCall c;
-        c.op = item(d, "op", where).cast<std::string>();
-        c.version = int(to_int(item(d, "version", where), where + ": version"));
-        if (d.contains("node") && py::isinstance<py::str>(d["node"])) c.node = d["node"].cast<std::string>();
+        c.op = s.op;
+        c.version = s.version;
+        c.node = s.node;
         const KernelDef* def = find_kernel(c.op, c.version);
         if (!def)
             fail("unsupported kernel " + c.op + "@" + std::to_string(c.version) +
                  ": this runtime supports " + supported_kernels());
         const std::string label = where + " (" + c.op + "@" + std::to_string(c.version) + ")";
-        if (d.contains("ins"))
-            for (const py::handle& v : d["ins"]) c.ins.push_back(parse_view(v, label.c_str()));
-        if (d.contains("outs"))
-            for (const py::handle& v : d["outs"]) c.outs.push_back(parse_view(v, label.c_str()));
-        if (d.contains("weights"))
-            for (const py::handle& w : d["weights"]) {
-                const std::string name = w.cast<std::string>();
-                auto it = by_name_.find(name);
-                if (it == by_name_.end()) fail(label + ": weight '" + name + "' is not in the tensor table");
-                c.weights.push_back(it->second);
-            }
-        if (d.contains("attrs") && !d["attrs"].is_none())
-            for (const auto& kv : d["attrs"].cast<py::dict>()) {
-                const std::string k = kv.first.cast<std::string>();
-                if (!py::isinstance<py::int_>(kv.second) && !py::isinstance<py::float_>(kv.second))
-                    fail(label + ": attr '" + k + "' must be a number");
-                c.attrs[k] = kv.second.cast<double>();
-            }
+        c.ins = s.ins;
+        c.outs = s.outs;
+        for (const std::string& name : s.weights) {
+            auto it = header_.by_name.find(name);
+            if (it == header_.by_name.end()) fail(label + ": weight '" + name + "' is not in the tensor table");
+            c.weights.push_back(it->second);
+        }
+        c.attrs = s.attrs;
         def->prepare(c, info_);
         if (c.op == "attention") {
             has_attention_ = true;
@@ -366,15 +243,17 @@ std::vector<std::string> Executor::kernels() const {
 
 // ---------------------------------------------------------------- step
 
-py::array_t<float> Executor::step(const py::object& token_ids_o, const py::object& positions_o,
-                                  const py::object& cu_seqlens_o, const py::object& context_lens_o,
-                                  const py::object& block_tables_o, const py::object& logits_indices_o) {
-    auto tok_a = as_i32(token_ids_o, "token_ids", 1);
-    auto pos_a = as_i32(positions_o, "positions", 1);
-    auto cu_a = as_i32(cu_seqlens_o, "cu_seqlens", 1);
-    auto ctx_a = as_i32(context_lens_o, "context_lens", 1);
-    auto bt_a = as_i32(block_tables_o, "block_tables", 2);
-    auto li_a = as_i32(logits_indices_o, "logits_indices", 1);
+py::array_t<float> Executor::step(const py::object& batch) {
+    auto attr = [&](const char* name) {
+        if (!py::hasattr(batch, name)) fail(std::string("step: the batch has no ") + name + " (a StepBatch has six arrays)");
+        return py::object(batch.attr(name));
+    };
+    auto tok_a = as_i32(attr("token_ids"), "token_ids", 1);
+    auto pos_a = as_i32(attr("positions"), "positions", 1);
+    auto cu_a = as_i32(attr("cu_seqlens"), "cu_seqlens", 1);
+    auto ctx_a = as_i32(attr("context_lens"), "context_lens", 1);
+    auto bt_a = as_i32(attr("block_tables"), "block_tables", 2);
+    auto li_a = as_i32(attr("logits_indices"), "logits_indices", 1);
 
     const int64_t T = tok_a.shape(0), L = li_a.shape(0);
     if (pos_a.shape(0) != T) fail("positions has " + std::to_string(pos_a.shape(0)) + " entries, token_ids " + std::to_string(T));
@@ -385,50 +264,24 @@ py::array_t<float> Executor::step(const py::object& token_ids_o, const py::objec
     const int64_t B = bt_a.shape(1);
     if (T > (1 << 24) || L > (1 << 24) || S > (1 << 24) || B > (1 << 24)) fail("step inputs too large");
 
-    const int32_t* tok = tok_a.data();
-    const int32_t* pos = pos_a.data();
-    const int32_t* cu = cu_a.data();
-    const int32_t* ctxl = ctx_a.data();
-    const int32_t* bt = bt_a.data();
-    const int32_t* li = li_a.data();
-    const int64_t bs = kv_block_size_;
-
-    for (int64_t t = 0; t < T; ++t)
-        if (tok[t] < 0 || tok[t] >= token_limit_)
-            fail("token_ids[" + std::to_string(t) + "]=" + std::to_string(tok[t]) + " outside [0, " +
-                 std::to_string(token_limit_) + ")");
-    if (cu[0] != 0 || cu[S] != T) fail("cu_seqlens must start at 0 and end at T=" + std::to_string(T));
-    for (int64_t i = 0; i < S * B; ++i)
-        if (bt[i] < -1 || bt[i] >= num_kv_blocks_)
-            fail("block_tables entry " + std::to_string(bt[i]) + " outside [-1, " + std::to_string(num_kv_blocks_) + ")");
-    int max_ctx = 1;
-    for (int64_t s = 0; s < S; ++s) {
-        if (cu[s + 1] < cu[s]) fail("cu_seqlens must be non-decreasing");
-        const int64_t cl = ctxl[s];
-        if (cl < 0 || cl > B * bs)
-            fail("context_lens[" + std::to_string(s) + "]=" + std::to_string(cl) + " outside [0, " +
-                 std::to_string(B * bs) + "] (block_tables width x kv_block_size)");
-        max_ctx = std::max<int>(max_ctx, int(cl));
-        int64_t pmin = std::numeric_limits<int64_t>::max(), pmax = -1;
-        for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
-            if (pos[t] < 0 || pos[t] >= cl)
-                fail("positions[" + std::to_string(t) + "]=" + std::to_string(pos[t]) + " outside [0, context_lens[" +
-                     std::to_string(s) + "]=" + std::to_string(cl) + ")");
-            pmin = std::min<int64_t>(pmin, pos[t]);
-            pmax = std::max<int64_t>(pmax, pos[t]);
-        }
-        if (has_attention_ && pmax >= 0) {
-            const int64_t lo = max_window_ > 0 ? std::max<int64_t>(0, pmin - max_window_ + 1) : 0;
-            for (int64_t b = lo / bs; b <= pmax / bs; ++b)
-                if (bt[s * B + b] < 0)
-                    fail("block_tables[" + std::to_string(s) + "][" + std::to_string(b) +
-                         "] is -1 but the step reads or writes that block");
-        }
-    }
-    for (int64_t i = 0; i < L; ++i)
-        if (li[i] < 0 || li[i] >= T)
-            fail("logits_indices[" + std::to_string(i) + "]=" + std::to_string(li[i]) + " outside [0, " +
-                 std::to_string(T) + ")");
+    StepBatch b;
+    b.T = int(T);
+    b.S = int(S);
+    b.L = int(L);
+    b.B = int(B);
+    b.token_ids = tok_a.data();
+    b.positions = pos_a.data();
+    b.cu_seqlens = cu_a.data();
+    b.context_lens = ctx_a.data();
+    b.block_tables = bt_a.data();
+    b.logits_indices = li_a.data();
+    StepLimits limits;
+    limits.token_limit = token_limit_;
+    limits.num_kv_blocks = num_kv_blocks_;
+    limits.block_size = kv_block_size_;
+    limits.reads_kv = has_attention_;
+    limits.kv_window = max_window_;
+    const int max_ctx = check_step_batch(b, limits);
 
     if (needs_comm_ && !comm_)
         fail("this is one rank of a tensor-parallel engine; run it through LLM (which starts every rank) "
@@ -439,14 +292,15 @@ py::array_t<float> Executor::step(const py::object& token_ids_o, const py::objec
     {
         py::gil_scoped_release release;
         std::lock_guard<std::mutex> lock(mu_);
-        run_steps(int(T), int(S), int(L), int(B), tok, pos, cu, ctxl, bt, li, max_ctx, out_ptr);
+        run_steps(b, max_ctx, out_ptr);
     }
     return out;
 }
 
-void Executor::run_steps(int T, int S, int L, int B, const int32_t* tok, const int32_t* pos,
-                         const int32_t* cu, const int32_t* ctxl, const int32_t* bt, const int32_t* li,
-                         int max_ctx, float* logits_out) {
+void Executor::run_steps(const StepBatch& batch, int max_ctx, float* logits_out) {
+    const int T = batch.T, S = batch.S, L = batch.L;
+    const int32_t* cu = batch.cu_seqlens;
+    const int32_t* li = batch.logits_indices;
     // Grow storage to this step's row counts (kept across steps).
     for (size_t i = 0; i < info_.buffers.size(); ++i) {
         if (!info_.buffers[i].defined) continue;
@@ -475,16 +329,7 @@ void Executor::run_steps(int T, int S, int L, int B, const int32_t* tok, const i
     }
 
     StepContext ctx;
-    ctx.T = T;
-    ctx.S = S;
-    ctx.L = L;
-    ctx.B = B;
-    ctx.token_ids = tok;
-    ctx.positions = pos;
-    ctx.cu_seqlens = cu;
-    ctx.context_lens = ctxl;
-    ctx.block_tables = bt;
-    ctx.logits_indices = li;
+    static_cast<StepBatch&>(ctx) = batch;
     ctx.seq_of_row = seq_of_row_.data();
     ctx.buf = buf_ptrs_.data();
     ctx.buf_width = buf_width_.data();

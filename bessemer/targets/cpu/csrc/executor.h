@@ -43,12 +43,12 @@ CpuFeatures detect_cpu_features();
 
 class Executor {
    public:
-    Executor(std::shared_ptr<EngineFile> file, const py::object& tensors, const py::dict& plan,
-             int num_threads, int kv_block_size, int num_kv_blocks, const std::string& isa);
+    // Reads the plan and tensor table from the rank file's own header (format/csrc/plan.h).
+    Executor(std::shared_ptr<EngineFile> file, int num_threads, int kv_block_size, int num_kv_blocks,
+             const std::string& isa);
 
-    py::array_t<float> step(const py::object& token_ids, const py::object& positions,
-                            const py::object& cu_seqlens, const py::object& context_lens,
-                            const py::object& block_tables, const py::object& logits_indices);
+    // batch: any object with the six int32 arrays of a StepBatch (format/step.py).
+    py::array_t<float> step(const py::object& batch);
 
     std::string isa() const { return isa_ == Isa::AVX512 ? "avx512" : "avx2"; }
     int num_threads() const { return num_threads_; }
@@ -66,21 +66,16 @@ class Executor {
     py::dict profile_stats();
 
    private:
-    void load_tensors(const py::object& tensors);
-    void load_plan(const py::dict& plan);
-    ViewRef parse_view(const py::handle& h, const char* where) const;
+    void load_plan(const PlanDesc& plan);
     void allocate_kv_cache();
-    void run_steps(int T, int S, int L, int B, const int32_t* tok, const int32_t* pos,
-                   const int32_t* cu, const int32_t* ctxl, const int32_t* bt, const int32_t* li,
-                   int max_ctx, float* logits_out);
+    void run_steps(const StepBatch& batch, int max_ctx, float* logits_out);
 
     std::shared_ptr<EngineFile> file_;
     Isa isa_ = Isa::AVX2;
     int num_threads_ = 1, kv_block_size_ = 0, num_kv_blocks_ = 0;
     int64_t kv_cache_bytes_ = 0;
 
-    std::vector<std::unique_ptr<TensorRef>> tensors_;
-    std::unordered_map<std::string, const TensorRef*> by_name_;
+    RankHeader header_;  // tensor table (pointers into the mapped file) and plan
 
     PlanInfo info_;
     std::vector<KernelCall> calls_;

@@ -42,12 +42,10 @@ PYBIND11_MODULE(_C, m) {
         });
 
     py::class_<Executor>(m, "Executor")
-        .def(py::init<std::shared_ptr<EngineFile>, const py::object&, const py::dict&, int, int, int,
-                      const std::string&>(),
-             py::arg("file"), py::arg("tensors"), py::arg("plan"), py::arg("num_threads"),
-             py::arg("kv_block_size"), py::arg("num_kv_blocks"), py::arg("isa") = "auto")
-        .def("step", &Executor::step, py::arg("token_ids"), py::arg("positions"), py::arg("cu_seqlens"),
-             py::arg("context_lens"), py::arg("block_tables"), py::arg("logits_indices"))
+        .def(py::init<std::shared_ptr<EngineFile>, int, int, int, const std::string&>(), py::arg("file"),
+             py::arg("num_threads"), py::arg("kv_block_size"), py::arg("num_kv_blocks"), py::arg("isa") = "auto",
+             "reads the plan and tensor table from the rank file's own header")
+        .def("step", &Executor::step, py::arg("batch"), "batch: a StepBatch (format/step.py) -> logits [L, V]")
         .def_property_readonly("isa", &Executor::isa)
         .def_property_readonly("num_threads", &Executor::num_threads)
         .def_property_readonly("num_kv_blocks", &Executor::num_kv_blocks)

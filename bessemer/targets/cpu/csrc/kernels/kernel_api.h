@@ -15,32 +15,16 @@
 #include <vector>
 
 #include "contract.h"
+#include "plan.h"
+#include "step_batch.h"
 
 namespace bessemer {
 
 enum class Isa : int { AVX2 = 0, AVX512 = 1 };
 
-// DType, Layout and RowKind ids, their names and size rules: format.h / contract.h
-// (generated from bessemer/format, the contract every target shares).
-
-struct TensorRef {
-    std::string name;
-    int dtype = 0;
-    int layout = 0;
-    std::vector<int64_t> shape;
-    const void* data = nullptr;
-    int64_t nbytes = 0;
-};
-
-struct ViewRef {
-    int buf = 0, col = 0, width = 0;
-};
-
-struct BufferInfo {
-    int width = 0;
-    RowKind rows = ROWS_TOKENS;
-    bool defined = false;
-};
+// DType, Layout and RowKind ids, their names and size rules (format.h / contract.h), the
+// tensor table and plan (plan.h) and the step's inputs (step_batch.h) come from
+// bessemer/format/csrc: the contract every target shares.
 
 // Static facts about the plan that kernels validate against.
 struct PlanInfo {
@@ -97,14 +81,9 @@ inline void shard_range(int full, int world, int r, int* start, int* stop) {
     *stop = std::min(full, (r + 1) * chunk);
 }
 
-struct StepContext {
-    int T = 0, S = 0, L = 0, B = 0;
-    const int32_t* token_ids = nullptr;
-    const int32_t* positions = nullptr;
-    const int32_t* cu_seqlens = nullptr;
-    const int32_t* context_lens = nullptr;
-    const int32_t* block_tables = nullptr;  // [S, B]
-    const int32_t* logits_indices = nullptr;
+// One step as a kernel sees it: the step's inputs (StepBatch: T, S, L, B and the six
+// arrays) plus the executor's buffers, threads, KV cache, scratch and communicator.
+struct StepContext : StepBatch {
     const int32_t* seq_of_row = nullptr;    // [T]
     float* const* buf = nullptr;            // by buffer id
     const int* buf_width = nullptr;         // by buffer id
