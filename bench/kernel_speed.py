@@ -29,11 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.targets.cpu.lowering import int4_codes_layout  # noqa: E402
+from bessemer.targets.cpu.lowering import QUANT_KERNELS  # noqa: E402
 from bessemer.format.container import TensorEntry, rewrite_header, write_rank_file  # noqa: E402
 from bessemer.format.step import StepBatch  # noqa: E402
 from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
-from bessemer.quantization.primitives import GROUP_PARAM_DTYPE, pack_group_params  # noqa: E402
+from bessemer.quantization.formats import Int4Group  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
@@ -67,8 +67,12 @@ def copy_bandwidth(nbytes=512 << 20):
 
 
 def int4_form(K, dtype):
-    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it, else panel16_int4 + fp32."""
-    return (int4_codes_layout(K), GROUP_PARAM_DTYPE) if dtype == "int4@2" else ("panel16_int4", "float32")
+    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it (the cpu
+    lowering's choice for Int4Group), else panel16_int4 + fp32."""
+    if dtype == "int4@2":
+        fmt = Int4Group(W4_GROUP, zero_point=True)
+        return QUANT_KERNELS[("linear", Int4Group)](fmt, (16, K)).layouts["codes"], fmt.param_dtype
+    return "panel16_int4", "float32"
 
 
 def weight_entries(name, w, dtype):
@@ -89,8 +93,8 @@ def weight_entries(name, w, dtype):
         codes = quantize_int4(w, sc, off, W4_GROUP)
         layout, pdt = int4_form(K, dtype)
         return [TensorEntry(name, "int4", layout, (N, K), lambda: pack_int4_codes(codes, layout)),
-                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: pack_group_params(sc, pdt)),
-                TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: pack_group_params(off, pdt))], \
+                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: encode(sc, pdt, "panel16")),
+                TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: encode(off, pdt, "panel16"))], \
             [name, name + ".s", name + ".o"]
     return [TensorEntry(name, dtype, "panel16", (N, K), lambda: encode(w, dtype, "panel16"))], [name]
 

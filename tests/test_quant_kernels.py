@@ -22,6 +22,7 @@ from test_kernels import ISAS, assert_close, edited, emb_step, make_plan, run_fl
 from bessemer import _C  # noqa: E402
 from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
 from bessemer.format.layouts import (  # noqa: E402
+    encode,
     pack_int4_codes,
     pack_panel16,
     pack_panel16_int4_k8,
@@ -29,7 +30,6 @@ from bessemer.format.layouts import (  # noqa: E402
     unpack_panel16_int4_k8,
 )
 from bessemer.quantization.primitives import (  # noqa: E402
-    pack_group_params,
     dequantize_int4,
     dequantize_int8_per_channel,
     int4_group_params,
@@ -73,8 +73,8 @@ def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
         s, o = (s * nudge).astype(np.float32), (o * nudge).astype(np.float32)
     codes = quantize_int4(W, s, o, G)
     ents = [entry("c", "int4", layout, codes.shape, pack_int4_codes(codes, layout)),
-            entry("s", params, "panel16", s.shape, pack_group_params(s, params)),
-            entry("o", params, "panel16", o.shape, pack_group_params(o, params))]
+            entry("s", params, "panel16", s.shape, encode(s, params, "panel16")),
+            entry("o", params, "panel16", o.shape, encode(o, params, "panel16"))]
     return ents, dequantize_int4(codes, s, o, G)
 
 
@@ -178,8 +178,8 @@ def test_int4_layout_lanes(tmp_path, version, layout):
     s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
     table = np.eye(K, dtype=np.float32)
     ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), pack_int4_codes(codes, layout)),
-            entry("s", "float32", "panel16", s.shape, pack_group_params(s, "float32")),
-            entry("o", "float32", "panel16", o.shape, pack_group_params(o, "float32"))]
+            entry("s", "float32", "panel16", s.shape, encode(s, "float32", "panel16")),
+            entry("o", "float32", "panel16", o.shape, encode(o, "float32", "panel16"))]
     path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0, version), ents)
     for isa in ISAS:
         out = run_flat(executor(path, isa, 1), np.arange(K))

@@ -18,20 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 import bessemer
+from bessemer.builder.calibrate import calibrate
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
-from bessemer.builder.lower import TensorSpec
+from bessemer.builder.pipeline import run_passes
+from bessemer.builder.weights import WeightSource
 from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
-from bessemer.format.layouts import encode, packed_nbytes
-from bessemer.builder.pipeline import run_passes
-from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
-                                               quantize_fp8_weight, slice_codes)
-from bessemer.quantization.awq import apply_transform
+from bessemer.format.layouts import packed_nbytes
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 from bessemer.targets import get_target
@@ -53,83 +49,6 @@ def _resolve_limits(build: BuildConfig, max_positions: int) -> BuildConfig:
             f"--max-seq-len {build.max_seq_len} exceeds the model's max_position_embeddings "
             f"{max_positions}; use --max-seq-len {max_positions} or less")
     return build
-
-
-class WeightSource:
-    """Produces each engine tensor from the checkpoint when the writer asks for it.
-
-    A quantized weight is quantized once, when its first part (the codes) is asked for;
-    its scales/offsets follow it in the tensor order, then the cache is dropped.
-    A tensor-parallel shard (TensorSpec.slices) reads only its rows/columns of each part,
-    except where exactness needs the whole row: a K-split (column-sliced) int8 weight's
-    per-channel scale is the full row's, and GPTQ propagates error along the whole row, so
-    those read the full rows of the shard, quantize them and keep the shard's columns.
-    """
-
-    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
-        self.ckpt, self.constants = ckpt, constants
-        self.calibration = calibration
-        self.quant_stats: dict[str, dict] = {}
-        self._cached: tuple[str, dict] | None = None
-
-    def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
-        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
-        arr = self.ckpt.get(name, sl)
-        if self.calibration and name in self.calibration.transforms:
-            row, col = self.calibration.transforms[name]
-            if sl is not None:
-                row = row[sl[0]:sl[1]] if row is not None else None
-                col = col[sl[2]:sl[3]] if col is not None and arr.ndim == 2 else col
-            arr = apply_transform(arr, (row, col))
-        return arr
-
-    def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
-        if spec.name in self.constants:
-            return self.constants[spec.name]
-        slices = spec.slices or (None,) * len(spec.parts)
-        if full_rows:
-            slices = [(s[0], s[1], 0, self.ckpt.index[p].shape[1]) for p, s in zip(spec.parts, slices)]
-        arrays = [self.part(p, sl) for p, sl in zip(spec.parts, slices)]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-
-    def _quantize(self, spec: TensorSpec) -> dict:
-        # GPTQ chooses 4-bit and E4M3 codes only (an int8 lm_head is round to nearest)
-        fp8 = dict(spec.quant).get("dtype") == "float8_e4m3"
-        searched = dict(spec.quant)["bits"] == 4 or fp8
-        hessian = self.calibration.hessian_for(spec) if self.calibration and searched else None
-        act_order = bool(self.calibration and self.calibration.act_order)
-        k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
-        if fp8:
-            amax = self.calibration.input_amax_for(spec) if self.calibration else None
-            # a K shard reads whole rows (N_shard, K): scales and GPTQ see the full row
-            c0, c1 = (k_split[0][2], k_split[0][3]) if k_split else (0, None)
-            parts, stats = quantize_fp8_weight(self.fp32(spec, full_rows=bool(k_split)), amax, c0, c1,
-                                               hessian, act_order)
-            self.quant_stats[spec.source] = stats
-            return parts
-        if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):
-            full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
-            c0, c1 = k_split[0][2], k_split[0][3]
-            codes, scale, offset = slice_codes(*quantize_codes(full, spec.quant, hessian, act_order),
-                                               spec.quant, c0, c1)
-            w = full[:, c0:c1]
-        else:
-            w = self.fp32(spec)
-            codes, scale, offset = quantize_codes(w, spec.quant, hessian, act_order)
-        parts, self.quant_stats[spec.source] = pack_quantized(w, codes, scale, offset, spec.quant)
-        return parts
-
-    def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
-        def produce() -> np.ndarray:
-            if spec.role == "smooth":  # SmoothQuant 1/s for the kernel (o_proj): (K,), this rank's columns
-                smooth = self.calibration.multipliers[spec.parts[0]]
-                return smooth[spec.slices[0][2]:spec.slices[0][3]] if spec.slices else smooth
-            if not spec.quant:
-                return encode(self.fp32(spec), spec.dtype, spec.layout)
-            if self._cached is None or self._cached[0] != spec.source:
-                self._cached = (spec.source, self._quantize(spec))
-            return self._cached[1][spec.role]
-        return produce
 
 
 def _prepare_output(output: Path) -> Path:

@@ -35,8 +35,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str
-    quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
-    role: str = "data"  # data | codes | scales | offsets | wsum | smooth | input_scale
+    quant: object = None  # the stored format (WeightRef.quant) of the weight this tensor is part of
+    role: str = "data"  # data, or the format's part: codes | scales | offsets | wsum | smooth | input_scale
     source: str = ""  # the (fp32) weight a quantized part is derived from
     slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
 

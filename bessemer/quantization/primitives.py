@@ -13,7 +13,6 @@ from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 
 INT8_MAX = 127
 INT4_LEVELS = 16  # unsigned codes 0..15
-GROUP_PARAM_DTYPE = "bfloat16"  # int4 scales and offsets as stored (int4_group_params rounds to it)
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -135,16 +134,3 @@ def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
         return float("inf")
     return float(10.0 * np.log10((ref ** 2).sum() / noise))
 
-
-def pack_group_params(params: np.ndarray, dtype: str) -> np.ndarray:
-    """scales or offsets (N, K // group), bf16 values as float32 -> panel16 order, as bf16
-    bits (uint16; exact: the values are bf16 already) or float32."""
-    from bessemer.format.layouts import pack_panel16
-
-    p = np.asarray(params, dtype=np.float32)
-    if dtype == "float32":
-        return pack_panel16(p)
-    bits = to_bfloat16_bits(p)
-    if not np.array_equal(bfloat16_bits_to_float32(bits), p):
-        raise ValueError("int4 group parameters must be bf16 values (primitives.int4_group_params rounds them)")
-    return pack_panel16(bits)
