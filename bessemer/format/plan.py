@@ -17,7 +17,7 @@ Plan JSON::
      "logits": [buf, col, width],
      "vocab_size": V}
 
-Buffers are fp32 matrices with one row per token of the step ("tokens": T rows) or one row
+Buffers are matrices of the target's activation type (cpu: float32) with one row per token of the step ("tokens": T rows) or one row
 per selected token ("selected": L rows, the rows named by the step's logits_indices).
 Their width is fixed; the executor grows their storage to the step's row count.
 An operand view [buf, col, width] is the column range [col, col+width) of every row of
@@ -25,7 +25,9 @@ buffer `buf`; its row stride is the buffer's width. Views let the fused qkv outp
 rope and attention, and the fused gate_up output feed silu_mul, without copies.
 
 Step inputs: the six int32 arrays of format/step.py (StepBatch: token_ids, positions,
-cu_seqlens, context_lens, block_tables, logits_indices).
+cu_seqlens, context_lens, block_tables, logits_indices). Logits come back as float32 on
+every target. How a target runs a step (threads, scratch, device memory) is its own: the
+plan promises only the views, weights, attrs and the semantics below.
 
 Kernels (attrs are numbers; weights are names in the rank file's tensor table):
 

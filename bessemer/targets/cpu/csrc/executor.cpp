@@ -129,20 +129,25 @@ void Executor::load_plan(const PlanDesc& plan) {
     info_.kv_dtype = plan.kv.dtype;
     info_.vocab_size = plan.vocab_size;
     logits_ = plan.logits;
-    token_limit_ = info_.vocab_size;
+    limits_.token_limit = info_.vocab_size;
+    limits_.num_kv_blocks = num_kv_blocks_;
+    limits_.block_size = kv_block_size_;
 
     int idx = 0;
     bool any_unwindowed = false;
+    const json::Value* tv = header_.json.find("target");
+    const std::string target = tv && tv->kind == json::Kind::String ? tv->str : "cpu";
+    if (target != "cpu") fail("this rank file is for target '" + target + "'; the cpu executor runs target 'cpu'");
     for (const PlanStep& s : plan.steps) {
         const std::string where = "plan step " + std::to_string(idx++);
         KernelCall c;
         c.op = s.op;
         c.version = s.version;
         c.node = s.node;
-        const KernelDef* def = find_kernel(c.op, c.version);
+        const KernelDef* def = find_kernel(target, c.op, c.version);
         if (!def)
             fail("unsupported kernel " + c.op + "@" + std::to_string(c.version) +
-                 ": this runtime supports " + supported_kernels());
+                 ": this runtime supports " + supported_kernels(target));
         const std::string label = where + " (" + c.op + "@" + std::to_string(c.version) + ")";
         c.ins = s.ins;
         c.outs = s.outs;
@@ -153,19 +158,34 @@ void Executor::load_plan(const PlanDesc& plan) {
         }
         c.attrs = s.attrs;
         def->prepare(c, info_);
-        if (c.op == "attention") {
-            has_attention_ = true;
-            if (c.iv[4] == 0) any_unwindowed = true;
-            max_window_ = std::max<int64_t>(max_window_, c.iv[4]);
-            max_heads_ = std::max<int>(max_heads_, int(c.iv[1]));
-            max_group_ = std::max<int>(max_group_, int(c.iv[1] / c.iv[2]));
+        const KernelNeeds& n = c.needs;
+        needs_.thread_floats = std::max(needs_.thread_floats, n.thread_floats);
+        needs_.thread_floats_per_key = std::max(needs_.thread_floats_per_key, n.thread_floats_per_key);
+        needs_.thread_floats_base = std::max(needs_.thread_floats_base, n.thread_floats_base);
+        needs_.shared_floats_per_thread_pair =
+            std::max(needs_.shared_floats_per_thread_pair, n.shared_floats_per_thread_pair);
+        needs_.ints_per_seq = std::max(needs_.ints_per_seq, n.ints_per_seq);
+        needs_.ints_per_row = std::max(needs_.ints_per_row, n.ints_per_row);
+        if (n.reads_kv) {
+            needs_.reads_kv = true;
+            any_unwindowed = any_unwindowed || n.kv_window == 0;
+            needs_.kv_window = std::max(needs_.kv_window, n.kv_window);
         }
-        if (c.op == "all_reduce" || c.op == "all_gather") needs_comm_ = true;
-        if (c.op == "embedding" || c.op == "embedding_w8a16") token_limit_ = std::min<int64_t>(token_limit_, c.iv[0]);
+        if (n.tp_size > 0) {
+            if (needs_.tp_size > 0 && (n.tp_rank != needs_.tp_rank || n.tp_size != needs_.tp_size))
+                fail(label + ": rank " + std::to_string(n.tp_rank) + " of " + std::to_string(n.tp_size) +
+                     " differs from an earlier collective's rank " + std::to_string(needs_.tp_rank) + " of " +
+                     std::to_string(needs_.tp_size));
+            needs_.tp_rank = n.tp_rank;
+            needs_.tp_size = n.tp_size;
+        }
+        if (n.token_limit > 0) limits_.token_limit = std::min(limits_.token_limit, n.token_limit);
         calls_.push_back(std::move(c));
         defs_.push_back(def);
     }
-    if (any_unwindowed) max_window_ = 0;
+    if (any_unwindowed) needs_.kv_window = 0;
+    limits_.reads_kv = needs_.reads_kv;
+    limits_.kv_window = needs_.kv_window;
 
     // Buffer pointer tables (storage grows per step).
     bufs_.resize(info_.buffers.size());
@@ -176,7 +196,7 @@ void Executor::load_plan(const PlanDesc& plan) {
 
 void Executor::allocate_kv_cache() {
     if (info_.kv_layers == 0) return;
-    if (has_attention_ && num_kv_blocks_ <= 0) fail("num_kv_blocks must be > 0 for a plan with attention");
+    if (needs_.reads_kv && num_kv_blocks_ <= 0) fail("num_kv_blocks must be > 0 for a plan with attention");
     const KvDTypeInfo* kvt = kv_dtype_info(info_.kv_dtype);
     const bool coded = kvt->scale_bytes > 0;
     const int64_t esz = dtype_info(info_.kv_dtype)->bits / 8;
@@ -222,13 +242,10 @@ void Executor::set_profiling(bool on) {
 
 void Executor::attach_communicator(std::shared_ptr<Collectives> comm) {
     if (!comm) fail("attach_communicator: communicator is None");
-    for (const KernelCall& c : calls_) {
-        if (c.op != "all_reduce" && c.op != "all_gather") continue;
-        if (c.iv[0] != comm->rank() || c.iv[1] != comm->world())
-            fail("this rank file is rank " + std::to_string(c.iv[0]) + " of " + std::to_string(c.iv[1]) +
-                 ", the communicator is rank " + std::to_string(comm->rank()) + " of " +
-                 std::to_string(comm->world()) + "; start one process per rank file");
-    }
+    if (needs_.tp_size > 0 && (needs_.tp_rank != comm->rank() || needs_.tp_size != comm->world()))
+        fail("this rank file is rank " + std::to_string(needs_.tp_rank) + " of " + std::to_string(needs_.tp_size) +
+             ", the communicator is rank " + std::to_string(comm->rank()) + " of " +
+             std::to_string(comm->world()) + "; start one process per rank file");
     std::lock_guard<std::mutex> lock(mu_);
     comm_ = std::move(comm);
 }
@@ -275,15 +292,9 @@ py::array_t<float> Executor::step(const py::object& batch) {
     b.context_lens = ctx_a.data();
     b.block_tables = bt_a.data();
     b.logits_indices = li_a.data();
-    StepLimits limits;
-    limits.token_limit = token_limit_;
-    limits.num_kv_blocks = num_kv_blocks_;
-    limits.block_size = kv_block_size_;
-    limits.reads_kv = has_attention_;
-    limits.kv_window = max_window_;
-    const int max_ctx = check_step_batch(b, limits);
+    const int max_ctx = check_step_batch(b, limits_);
 
-    if (needs_comm_ && !comm_)
+    if (needs_.tp_size > 0 && !comm_)
         fail("this is one rank of a tensor-parallel engine; run it through LLM (which starts every rank) "
              "or attach a communicator first");
 
@@ -311,9 +322,12 @@ void Executor::run_steps(const StepBatch& batch, int max_ctx, float* logits_out)
     if (seq_of_row_.size() < size_t(T)) seq_of_row_.resize(T);
     for (int s = 0; s < S; ++s)
         for (int t = cu[s]; t < cu[s + 1]; ++t) seq_of_row_[t] = s;
+    // Scratch and workspaces as the plan's calls declared them (KernelNeeds).
+    const KernelNeeds& n = needs_;
     int64_t scratch_floats = 0;
-    if (has_attention_) {
-        scratch_floats = attention_scratch_floats(max_ctx, max_heads_, info_.head_dim);
+    if (n.thread_floats > 0 || n.thread_floats_per_key > 0) {
+        const int64_t keys = (int64_t(max_ctx) + 15) / 16 * 16 + 32;
+        scratch_floats = std::max(n.thread_floats, n.thread_floats_per_key * keys + n.thread_floats_base);
         if (scratch_.size() < size_t(num_threads_)) scratch_.resize(num_threads_);
         scratch_ptrs_.resize(num_threads_);
         for (int i = 0; i < num_threads_; ++i) {
@@ -321,11 +335,10 @@ void Executor::run_steps(const StepBatch& batch, int max_ctx, float* logits_out)
             scratch_ptrs_[i] = static_cast<float*>(scratch_[i].get());
         }
     }
-
-    iwork_.resize(std::max<size_t>(iwork_.size(), size_t(4) * (S + 1) + T + 64));
-    if (has_attention_ && fwork_.empty()) {
-        const int64_t want = 8LL * num_threads_ * num_threads_ * max_heads_ * (info_.head_dim + 2) + 64;
-        fwork_.resize(size_t(std::min<int64_t>(want, int64_t(1) << 22)));
+    iwork_.resize(std::max<size_t>(iwork_.size(), size_t(n.ints_per_seq * (S + 1) + n.ints_per_row * T + 64)));
+    if (n.shared_floats_per_thread_pair > 0 && fwork_.empty()) {
+        const int64_t want = n.shared_floats_per_thread_pair * num_threads_ * num_threads_ + 64;
+        fwork_.resize(size_t(std::min<int64_t>(want, kSharedFloatsCap)));
     }
 
     StepContext ctx;

@@ -59,7 +59,7 @@ class Executor {
     // The tensor-parallel group this rank's collectives (all_reduce, all_gather) run over;
     // refused unless its rank and size are the plan's.
     void attach_communicator(std::shared_ptr<Collectives> comm);
-    bool needs_communicator() const { return needs_comm_; }
+    bool needs_communicator() const { return needs_.tp_size > 0; }
     // Optional per-op timing (off by default): op -> (calls, seconds) since enabled.
     void set_profiling(bool on);
     bool profiling() const { return profiling_; }
@@ -81,10 +81,11 @@ class Executor {
     std::vector<KernelCall> calls_;
     std::vector<const KernelDef*> defs_;
     ViewRef logits_;
-    bool has_attention_ = false;
-    int64_t max_window_ = 0;     // 0: some attention layer has no window (reads from 0)
-    int64_t token_limit_ = 0;    // token ids must be < this (vocab, embedding tables)
-    int max_heads_ = 1, max_group_ = 1;  // over attention steps (scratch sizing)
+    // Every call's KernelNeeds, combined: the largest scratch and workspaces, whether any
+    // reads the KV cache (and the widest window: 0 when one reads from position 0), any
+    // collective, the tightest token limit.
+    KernelNeeds needs_;
+    StepLimits limits_;
 
     // Activation buffers, by buffer id.
     std::vector<AlignedBuf> bufs_;
@@ -111,7 +112,6 @@ class Executor {
     std::map<std::string, ProfileEntry> profile_;
 
     std::shared_ptr<Collectives> comm_;
-    bool needs_comm_ = false;
 
     std::mutex mu_;  // one step at a time
 };

@@ -141,7 +141,8 @@ PYBIND11_MODULE(_C, m) {
         d["avx512_vnni"] = f.avx512_vnni;
         return d;
     });
-    m.def("supported_kernels", []() { return bessemer::supported_kernels(); });
+    m.def("supported_kernels", [](const std::string& target) { return bessemer::supported_kernels(target); },
+          py::arg("target") = "cpu");
 
     // The compiled view of the engine contract (format/csrc/format.h, contract.h), so tests
     // can check that it agrees with bessemer/format.

@@ -23,7 +23,17 @@ namespace bessemer {
 
 using namespace simd;
 
-// iv: 0 layer, 1 num_heads, 2 num_kv_heads, 3 head_dim, 4 sliding_window; fv: 0 scale
+namespace {
+constexpr int kLanes = 16;  // query vectors per tile (see the tiled path below)
+constexpr int kKB = 64;     // keys per block of a tile
+
+struct AttentionParams : KernelParams {
+    int layer, H, Hkv, D;
+    int64_t window;  // 0: none
+    float scale;
+};
+}  // namespace
+
 void prepare_attention(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 3, 1, 0, 0);
     if (same_rows(c, p) != ROWS_TOKENS) kernel_error(c, "operands must be tokens buffers");
@@ -45,12 +55,26 @@ void prepare_attention(KernelCall& c, const PlanInfo& p) {
     expect_width(c, c.outs[0], int(H * D), "o");
     for (const ViewRef& in : c.ins)
         if (views_overlap(c.outs[0], in)) kernel_error(c, "output view overlaps an input view");
-    c.iv[0] = layer;
-    c.iv[1] = H;
-    c.iv[2] = Hkv;
-    c.iv[3] = D;
-    c.iv[4] = int64_t(window);
-    c.fv[0] = attr(c, "scale");
+    AttentionParams& a = c.set_params<AttentionParams>();
+    a.layer = int(layer);
+    a.H = int(H);
+    a.Hkv = int(Hkv);
+    a.D = int(D);
+    a.window = int64_t(window);
+    a.scale = float(attr(c, "scale"));
+    KernelNeeds& n = c.needs;
+    n.reads_kv = true;
+    n.kv_window = a.window;
+    // per thread: a tile's transposed queries, output and key/value block (prefill), or a
+    // decode row's scores over ncap = align_up(C, 16) + 32 keys for its H heads plus their
+    // accumulators (decode)
+    n.thread_floats = D * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * D + 64;
+    n.thread_floats_per_key = H + 4;
+    n.thread_floats_base = H * (D + 10) + 64;
+    // split-K partials of decode rows: (max, sum, D accumulators) per head, chunk and row
+    n.shared_floats_per_thread_pair = 8 * H * (D + 2);
+    n.ints_per_seq = 1;  // tile prefix sums
+    n.ints_per_row = 1;  // decode rows
 }
 
 namespace {
@@ -62,8 +86,6 @@ namespace {
 // sums; P.V accumulates into Ot[d][lane] four dims at a time in registers. Keys are read
 // block by block (kKB keys, gathered from the paged cache into fp32 scratch) with an
 // online softmax; causal / window masks are per lane.
-constexpr int kLanes = 16;
-constexpr int kKB = 64;
 constexpr int kTileMin = 8;  // sequences with fewer (rows x group) vectors use the row path
 
 struct AttnParams {
@@ -463,13 +485,14 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
 
 template <int KV>
 void attend(const KernelCall& c, const StepContext& ctx) {
+    const AttentionParams& a = c.get<AttentionParams>();
     AttnParams P;
-    P.layer = int(c.iv[0]);
-    P.H = int(c.iv[1]);
-    P.Hkv = int(c.iv[2]);
-    P.D = int(c.iv[3]);
-    P.window = c.iv[4];
-    P.scale = float(c.fv[0]);
+    P.layer = a.layer;
+    P.H = a.H;
+    P.Hkv = a.Hkv;
+    P.D = a.D;
+    P.window = a.window;
+    P.scale = a.scale;
     P.G = P.H / P.Hkv;
     P.bs = ctx.block_size;
     P.B = ctx.B;
@@ -600,13 +623,6 @@ void attend(const KernelCall& c, const StepContext& ctx) {
 }
 
 }  // namespace
-
-int64_t attention_scratch_floats(int64_t max_ctx, int max_heads, int head_dim) {
-    const int64_t tile = int64_t(head_dim) * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * head_dim + 64;
-    const int64_t ncap = (max_ctx + 15) / 16 * 16 + 32;
-    const int64_t dec = (max_heads + 4) * ncap + int64_t(max_heads) * (head_dim + 10) + 64;
-    return std::max(tile, dec);
-}
 
 void run_attention(const KernelCall& c, const StepContext& ctx) {
     switch (ctx.kv_dtype) {

@@ -1,16 +1,21 @@
 // all_reduce@1, all_gather@1: tensor-parallel collectives over the step's Collectives
-// (targets/cpu/csrc/communicator.*). prepare checks the views and keeps the rank attrs so the
-// executor can refuse a communicator of another rank or group size.
+// (targets/cpu/csrc/communicator.*). prepare checks the views and declares the rank and
+// group size (KernelNeeds) so the executor can refuse a communicator of another group.
 #include "kernels.h"
 
 namespace bessemer {
 
 namespace {
 void prepare_comm_attrs(KernelCall& c) {
-    c.iv[0] = attr_int(c, "tp_rank");
-    c.iv[1] = attr_int(c, "tp_size");
-    if (c.iv[1] < 1 || c.iv[0] < 0 || c.iv[0] >= c.iv[1]) kernel_error(c, "tp_rank must be in [0, tp_size)");
+    const int64_t rank = attr_int(c, "tp_rank"), size = attr_int(c, "tp_size");
+    if (size < 1 || rank < 0 || rank >= size) kernel_error(c, "tp_rank must be in [0, tp_size)");
+    c.needs.tp_rank = int(rank);
+    c.needs.tp_size = int(size);
 }
+
+struct GatherParams : KernelParams {
+    int full;  // gathered width
+};
 }  // namespace
 
 // ---------------------------------------------------------------- all_reduce@1
@@ -41,16 +46,16 @@ void prepare_all_gather(KernelCall& c, const PlanInfo& p) {
     const int full = int(attr_int(c, "full_width"));
     expect_width(c, c.outs[0], full, "gathered");
     int start, stop;
-    shard_range(full, int(c.iv[1]), int(c.iv[0]), &start, &stop);
+    shard_range(full, c.needs.tp_size, c.needs.tp_rank, &start, &stop);
     expect_width(c, c.ins[0], stop - start, "shard");
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "output view overlaps the input view");
-    c.iv[2] = full;
+    c.set_params<GatherParams>().full = full;
 }
 
 void run_all_gather(const KernelCall& c, const StepContext& ctx) {
     if (!ctx.comm) return;
     ctx.comm->all_gather(ctx.ptr(c.ins[0]), ctx.ld(c.ins[0]), ctx.rows(c.rows), c.ins[0].width,
-                         ctx.ptr(c.outs[0]), ctx.ld(c.outs[0]), int(c.iv[2]));
+                         ctx.ptr(c.outs[0]), ctx.ld(c.outs[0]), c.get<GatherParams>().full);
 }
 
 }  // namespace bessemer

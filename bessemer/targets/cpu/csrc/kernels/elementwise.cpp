@@ -109,7 +109,12 @@ void run_gather_rows(const KernelCall& c, const StepContext& ctx) {
 }
 
 // ---------------------------------------------------------------- embedding@1
-// iv[0] = V (table rows), iv[1] = H
+namespace {
+struct EmbeddingParams : KernelParams {
+    int64_t H;  // table width
+};
+}  // namespace
+
 void prepare_embedding(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 0, 1, 1, 1);
     if (same_rows(c, p) != ROWS_TOKENS) kernel_error(c, "output must be a tokens buffer");
@@ -117,13 +122,13 @@ void prepare_embedding(KernelCall& c, const PlanInfo& p) {
     const TensorRef* t = c.weights[0];
     if (t->shape.size() != 2) kernel_error(c, "weight " + t->name + ": table must be 2-D [V, H]");
     expect_width(c, c.outs[0], int(t->shape[1]), "out");
-    c.iv[0] = t->shape[0];
-    c.iv[1] = t->shape[1];
+    c.set_params<EmbeddingParams>().H = t->shape[1];
+    c.needs.token_limit = t->shape[0];  // token ids index the table's rows
 }
 
 void run_embedding(const KernelCall& c, const StepContext& ctx) {
     const TensorRef* t = c.weights[0];
-    const int64_t H = c.iv[1];
+    const int64_t H = c.get<EmbeddingParams>().H;
     float* out = ctx.ptr(c.outs[0]);
     const int64_t ldo = ctx.ld(c.outs[0]);
     const bool bf16 = t->dtype == DT_BF16;

@@ -9,7 +9,12 @@
 
 namespace bessemer {
 
-// iv[0] = V (table rows), iv[1] = H
+namespace {
+struct EmbeddingW8Params : KernelParams {
+    int64_t H;  // table width
+};
+}  // namespace
+
 void prepare_embedding_w8a16(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 0, 1, 2, 2);
     if (same_rows(c, p) != ROWS_TOKENS) kernel_error(c, "output must be a tokens buffer");
@@ -18,12 +23,12 @@ void prepare_embedding_w8a16(KernelCall& c, const PlanInfo& p) {
     if (t->shape.size() != 2) kernel_error(c, "weight " + t->name + ": table must be 2-D [V, H]");
     expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {t->shape[0]});
     expect_width(c, c.outs[0], int(t->shape[1]), "out");
-    c.iv[0] = t->shape[0];
-    c.iv[1] = t->shape[1];
+    c.set_params<EmbeddingW8Params>().H = t->shape[1];
+    c.needs.token_limit = t->shape[0];  // token ids index the table's rows
 }
 
 void run_embedding_w8a16(const KernelCall& c, const StepContext& ctx) {
-    const int64_t H = c.iv[1];
+    const int64_t H = c.get<EmbeddingW8Params>().H;
     const auto* q = static_cast<const int8_t*>(c.weights[0]->data);
     const auto* scales = static_cast<const float*>(c.weights[1]->data);
     float* out = ctx.ptr(c.outs[0]);

@@ -1,15 +1,18 @@
 // Kernel interface shared by the cpu executor (targets/cpu/csrc) and its kernels (csrc/kernels).
 //
-// A plan step is resolved once, at load time, to a KernelDef (op@version). Its `prepare`
-// checks the step (views, weights, attrs) against the plan and stores what `run` needs in
-// the KernelCall's numeric slots; it throws std::invalid_argument (-> ValueError) on any
-// problem. `run` executes the step for one Executor.step() call; it never throws and never
-// allocates (per-thread scratch comes from the StepContext).
+// A plan step is resolved once, at load time, to a KernelDef (target, op@version). Its
+// `prepare` checks the step (views, weights, attrs) against the plan, stores what `run`
+// needs in the call's own typed parameters (a KernelParams subclass of its kernel file) and
+// declares what it needs from the executor (KernelNeeds); it throws std::invalid_argument
+// (-> ValueError) on any problem. `run` executes the step for one Executor.step() call; it
+// never throws and never allocates (scratch and workspaces come from the StepContext, sized
+// by the executor from every call's needs; the executor never looks at an op's name).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,6 +38,34 @@ struct PlanInfo {
     Isa isa = Isa::AVX2;  // what the executor runs (a kernel may pick its variant at prepare)
 };
 
+// A kernel's own parameters, set by its prepare and read by its run (each kernel file
+// declares its subclass; a call holds the one of its kernel).
+struct KernelParams {
+    virtual ~KernelParams() = default;
+};
+
+// What a call needs from the executor beyond its views and weights. The executor combines
+// the needs of every call of the plan (the largest scratch, any collective, the tightest
+// token limit, ...) and never asks which op a call runs.
+struct KernelNeeds {
+    // Per-thread fp32 scratch for a step whose longest context is C tokens:
+    // max(thread_floats, thread_floats_per_key * (align_up(C, 16) + 32) + thread_floats_base).
+    int64_t thread_floats = 0, thread_floats_per_key = 0, thread_floats_base = 0;
+    // Shared fp32 workspace: min(shared_floats_per_thread_pair * nthreads^2 + 64, kSharedFloatsCap).
+    int64_t shared_floats_per_thread_pair = 0;
+    // Shared int32 workspace: ints_per_seq * (S + 1) + ints_per_row * T entries.
+    int64_t ints_per_seq = 0, ints_per_row = 0;
+    // Reads / writes the paged KV cache: every block a row's positions touch must exist, over
+    // the last kv_window positions of each row (0: from position 0).
+    bool reads_kv = false;
+    int64_t kv_window = 0;
+    // Runs a collective of a tensor-parallel group: this rank's place in it (tp_size 0: none).
+    int tp_rank = 0, tp_size = 0;
+    // Gathers rows of a table by token id: ids must be < token_limit (0: no limit).
+    int64_t token_limit = 0;
+};
+constexpr int64_t kSharedFloatsCap = int64_t(1) << 22;
+
 struct KernelCall {
     std::string op;
     int version = 0;
@@ -44,13 +75,19 @@ struct KernelCall {
     std::map<std::string, double> attrs;
     // Filled by prepare:
     RowKind rows = ROWS_TOKENS;  // row count the kernel runs over
-    int64_t iv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    double fv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    // Weights re-laid (codes) or widened (fp32 parameters) once at load for a CPU that lacks
-    // the kernel their stored form was chosen for (empty otherwise); run reads them instead
-    // of the mapped file.
-    std::vector<uint8_t> relaid;
-    std::vector<float> relaid_f;
+    KernelNeeds needs;
+    std::unique_ptr<KernelParams> params;
+
+    // prepare: a fresh P as this call's parameters; run: the call's P (the one prepare set).
+    template <class P>
+    P& set_params() {
+        auto p = std::make_unique<P>();
+        P& ref = *p;
+        params = std::move(p);
+        return ref;
+    }
+    template <class P>
+    const P& get() const { return static_cast<const P&>(*params); }
 };
 
 // Collectives of a tensor-parallel group (targets/cpu/csrc/communicator.h implements them:
@@ -98,14 +135,13 @@ struct StepContext : StepBatch {
     // (x = code * scale); null entries for float caches.
     float* const* k_scale = nullptr;
     float* const* v_scale = nullptr;
-    // Per-thread fp32 scratch (>= scratch_floats each, 64-byte aligned); at least
-    // attention_scratch_floats(max(context_lens), max num_heads, head_dim).
+    // Per-thread fp32 scratch (scratch_floats each, 64-byte aligned), shared int32 and fp32
+    // workspaces: at least what every call's KernelNeeds asked for this step (fwork may be
+    // null when no call asked for it).
     float* const* scratch = nullptr;
     int64_t scratch_floats = 0;
-    // Shared int32 workspace for the step (iwork_len >= 4 * (S + 1) + T + 64 entries).
     int32_t* iwork = nullptr;
     int64_t iwork_len = 0;
-    // Shared fp32 workspace (attention split-K partials), fwork_len floats; may be null.
     float* fwork = nullptr;
     int64_t fwork_len = 0;
 
@@ -121,18 +157,16 @@ using PrepareFn = void (*)(KernelCall&, const PlanInfo&);
 using RunFn = void (*)(const KernelCall&, const StepContext&);
 
 struct KernelDef {
+    const char* target;  // the plan's target these kernels run ("cpu")
     const char* op;
     int version;
     PrepareFn prepare;
     RunFn run;
 };
 
-// attention.cpp: per-thread scratch attention needs for a step.
-int64_t attention_scratch_floats(int64_t max_ctx, int max_heads, int head_dim);
-
-// registry.cpp
-const KernelDef* find_kernel(const std::string& op, int version);
-std::string supported_kernels();  // "add@1, attention@1, ..."
+// registry.cpp: the kernels of `target` (keyed by target, op and version).
+const KernelDef* find_kernel(const std::string& target, const std::string& op, int version);
+std::string supported_kernels(const std::string& target);  // "add@1, attention@1, ..."
 
 // ---- helpers for prepare functions (registry.cpp) ----
 [[noreturn]] void kernel_error(const KernelCall& c, const std::string& msg);

@@ -15,7 +15,13 @@ namespace bessemer {
 using namespace simd;
 
 // ---------------------------------------------------------------- prepare / run
-// iv: 0 N, 1 K, 2 bf16
+namespace {
+struct LinearParams : KernelParams {
+    int N, K;
+    bool bf16;  // bf16 weights (else fp32)
+};
+}  // namespace
+
 void prepare_linear(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 1, 1, 1, 2);
     same_rows(c, p);
@@ -24,16 +30,18 @@ void prepare_linear(KernelCall& c, const PlanInfo& p) {
     expect_weight(c, 0, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
     if (c.weights.size() == 2) expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    c.iv[0] = N;
-    c.iv[1] = K;
-    c.iv[2] = c.weights[0]->dtype == DT_BF16;
+    LinearParams& a = c.set_params<LinearParams>();
+    a.N = N;
+    a.K = K;
+    a.bf16 = c.weights[0]->dtype == DT_BF16;
 }
 
 void run_linear(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
-    const int N = int(c.iv[0]), K = int(c.iv[1]);
-    const bool bf16 = c.iv[2] != 0;
+    const LinearParams& a = c.get<LinearParams>();
+    const int N = a.N, K = a.K;
+    const bool bf16 = a.bf16;
     const float* bias = c.weights.size() == 2 ? static_cast<const float*>(c.weights[1]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);

@@ -24,6 +24,14 @@
 
 namespace bessemer {
 
+namespace {
+struct Fp8Params : KernelParams {
+    int N, K;
+    bool bf16_kernel;  // the AVX-512 BF16 kernel (else AVX2 FMA)
+    float xs;          // static input scale
+};
+}  // namespace
+
 void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 1, 1, 3, 4);
     same_rows(c, p);
@@ -37,23 +45,25 @@ void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
     if (!(xs > 0.0f) || !std::isfinite(xs))
         kernel_error(c, "input_scale must be a positive finite number, got " + std::to_string(xs));
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    c.iv[0] = N;
-    c.iv[1] = K;
-    c.iv[2] = linear_fp8_avx512_bf16_available() ? 1 : 0;
-    c.fv[0] = xs;
+    Fp8Params& a = c.set_params<Fp8Params>();
+    a.N = N;
+    a.K = K;
+    a.bf16_kernel = linear_fp8_avx512_bf16_available();
+    a.xs = xs;
 }
 
 void run_linear_fp8(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
-    const int N = int(c.iv[0]), K = int(c.iv[1]);
+    const Fp8Params& a = c.get<Fp8Params>();
+    const int N = a.N, K = a.K;
     const auto* codes = static_cast<const uint8_t*>(c.weights[0]->data);
     const auto* scales = static_cast<const float*>(c.weights[1]->data);
     const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
-    const float xs = float(c.fv[0]);
+    const float xs = a.xs;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
-    if (ctx.isa == Isa::AVX512 && c.iv[2])
+    if (ctx.isa == Isa::AVX512 && a.bf16_kernel)
         linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
     else
         linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);

@@ -29,7 +29,23 @@ namespace bessemer {
 using namespace simd;
 
 // ---------------------------------------------------------------- prepare / run
-// iv: 0 N, 1 K, 2 group (w4)
+namespace {
+struct W8Params : KernelParams {
+    int N, K;
+};
+
+struct W4Params : KernelParams {
+    int N, K, G;
+    bool bf16_kernel;   // linear_w4_bf16_avx512 reads the stored codes and parameters
+    bool k8;            // codes stored panel16_int4_k8
+    bool bf16_params;   // scales/offsets stored bf16
+    // Weights re-laid (codes) or widened (fp32 parameters) once at prepare for a CPU that
+    // lacks the kernel their stored form was chosen for (empty otherwise); run reads them
+    // instead of the mapped file.
+    std::vector<uint8_t> relaid;
+    std::vector<float> relaid_f;
+};
+}  // namespace
 
 void prepare_linear_w8a16(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 1, 1, 2, 3);
@@ -40,14 +56,16 @@ void prepare_linear_w8a16(KernelCall& c, const PlanInfo& p) {
     expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (c.weights.size() == 3) expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    c.iv[0] = N;
-    c.iv[1] = K;
+    W8Params& a = c.set_params<W8Params>();
+    a.N = N;
+    a.K = K;
 }
 
 void run_linear_w8a16(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
-    const int N = int(c.iv[0]), K = int(c.iv[1]);
+    const W8Params& a = c.get<W8Params>();
+    const int N = a.N, K = a.K;
     const auto* q = static_cast<const int8_t*>(c.weights[0]->data);
     const auto* scales = static_cast<const float*>(c.weights[1]->data);
     const float* bias = c.weights.size() == 3 ? static_cast<const float*>(c.weights[2]->data) : nullptr;
@@ -90,28 +108,28 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         kernel_error(c, "group_size " + std::to_string(G) + " is larger than linear_w4a16@2 supports (" +
                             std::to_string(linear_w4a16_v2_max_group()) + "); rebuild with a smaller --group-size");
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    c.iv[0] = N;
-    c.iv[1] = K;
-    c.iv[2] = G;
-    c.iv[3] = c.version >= 2 && p.isa == Isa::AVX512 && linear_w4_bf16_avx512_available(k8);
-    c.iv[4] = k8;
+    W4Params& a = c.set_params<W4Params>();
+    a.N = N;
+    a.K = K;
+    a.G = int(G);
+    a.bf16_kernel = c.version >= 2 && p.isa == Isa::AVX512 && linear_w4_bf16_avx512_available(k8);
+    a.k8 = k8;
     // The fp32 kernels read panel16_int4 only: on a CPU without the bf16 kernel, k8 codes
     // are re-laid once here (the int4 codes' size again in memory, never per step).
-    if (k8 && !c.iv[3]) {
-        c.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
-        repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, c.relaid.data());
+    if (k8 && !a.bf16_kernel) {
+        a.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
+        repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, a.relaid.data());
     }
     // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], half each.
-    const bool bf16_params = c.weights[1]->dtype == DT_BF16;
-    c.iv[5] = bf16_params;
-    if (bf16_params && !c.iv[3]) {
+    a.bf16_params = c.weights[1]->dtype == DT_BF16;
+    if (a.bf16_params && !a.bf16_kernel) {
         const size_t n = size_t((N + 15) / 16 * 16) * size_t(K / G);
-        c.relaid_f.resize(2 * n);
+        a.relaid_f.resize(2 * n);
         for (int w = 0; w < 2; ++w) {
             const auto* bits = static_cast<const uint16_t*>(c.weights[1 + w]->data);
             for (size_t i = 0; i < n; ++i) {
                 const uint32_t u = uint32_t(bits[i]) << 16;
-                std::memcpy(&c.relaid_f[w * n + i], &u, 4);
+                std::memcpy(&a.relaid_f[w * n + i], &u, 4);
             }
         }
     }
@@ -120,21 +138,22 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
 void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
-    const int N = int(c.iv[0]), K = int(c.iv[1]), G = int(c.iv[2]);
-    const auto* codes = c.relaid.empty() ? static_cast<const uint8_t*>(c.weights[0]->data) : c.relaid.data();
+    const W4Params& a = c.get<W4Params>();
+    const int N = a.N, K = a.K, G = a.G;
+    const auto* codes = a.relaid.empty() ? static_cast<const uint8_t*>(c.weights[0]->data) : a.relaid.data();
     const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
     const bool round_x = c.version >= 2;  // @2: bf16 activations
-    if (c.iv[3]) {  // codes and parameters as stored
-        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, c.iv[4] != 0, c.weights[1]->data, c.weights[2]->data,
-                              c.iv[5] != 0, G, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+    if (a.bf16_kernel) {  // codes and parameters as stored
+        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, a.k8, c.weights[1]->data, c.weights[2]->data,
+                              a.bf16_params, G, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
         return;
     }
     // fp32 parameters (widened at prepare if stored as bf16)
-    const float* scales = c.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : c.relaid_f.data();
+    const float* scales = a.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : a.relaid_f.data();
     const float* offsets =
-        c.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : c.relaid_f.data() + c.relaid_f.size() / 2;
+        a.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : a.relaid_f.data() + a.relaid_f.size() / 2;
     if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
                          ctx.nthreads, round_x);

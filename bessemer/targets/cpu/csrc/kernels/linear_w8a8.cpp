@@ -27,6 +27,14 @@ namespace bessemer {
 using namespace simd;
 
 // iv: 0 N, 1 K, 2 has_smooth, 3 VNNI available
+namespace {
+struct W8A8Params : KernelParams {
+    int N, K;
+    bool smooth;  // a stored 1/s multiplies the activations first
+    bool vnni;    // the CPU has AVX-512 VNNI
+};
+}  // namespace
+
 void prepare_linear_w8a8(KernelCall& c, const PlanInfo& p) {
     const bool smooth = attr_or(c, "has_smooth", 0.0) != 0.0;
     expect_arity(c, 1, 1, smooth ? 4 : 3, smooth ? 5 : 4);
@@ -42,17 +50,19 @@ void prepare_linear_w8a8(KernelCall& c, const PlanInfo& p) {
     if (smooth) expect_weight(c, next++, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(K)});
     if (c.weights.size() > next) expect_weight(c, next, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    c.iv[0] = N;
-    c.iv[1] = K;
-    c.iv[2] = smooth;
-    c.iv[3] = __builtin_cpu_supports("avx512vnni");
+    W8A8Params& a = c.set_params<W8A8Params>();
+    a.N = N;
+    a.K = K;
+    a.smooth = smooth;
+    a.vnni = __builtin_cpu_supports("avx512vnni");
 }
 
 void run_linear_w8a8(const KernelCall& c, const StepContext& ctx) {
     const int M = ctx.rows(c.rows);
     if (M == 0) return;
-    const int N = int(c.iv[0]), K = int(c.iv[1]);
-    const bool smooth = c.iv[2] != 0;
+    const W8A8Params& a = c.get<W8A8Params>();
+    const int N = a.N, K = a.K;
+    const bool smooth = a.smooth;
     const auto* q = static_cast<const int8_t*>(c.weights[0]->data);
     const auto* ws = static_cast<const float*>(c.weights[1]->data);
     const auto* wsum = static_cast<const int32_t*>(c.weights[2]->data);
@@ -63,7 +73,7 @@ void run_linear_w8a8(const KernelCall& c, const StepContext& ctx) {
     float* y = ctx.ptr(c.outs[0]);
     // isa=avx512 on a CPU without VNNI (Skylake-X) runs the AVX2 path: AVX-512BW alone has
     // only the saturating maddubs and no byte sign instruction.
-    if (ctx.isa == Isa::AVX512 && c.iv[3])
+    if (ctx.isa == Isa::AVX512 && a.vnni)
         linear_w8a8_avx512(x, ctx.ld(c.ins[0]), M, q, ws, wsum, sm, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
     else
         linear_w8a8_avx2(x, ctx.ld(c.ins[0]), M, q, ws, wsum, sm, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);

@@ -39,9 +39,14 @@ inline void rms_row(const float* x, float* y, const float* w, int H, float eps, 
     for (; i < H; ++i) y[i] = (x[i] * inv) * (w[i] + offset);
 }
 
+struct NormParams : KernelParams {
+    float eps, offset;  // eps, weight_offset
+};
+
 void prepare_norm_common(KernelCall& c, int H) {
-    c.fv[0] = attr(c, "eps");
-    c.fv[1] = attr_or(c, "weight_offset", 0.0);
+    NormParams& a = c.set_params<NormParams>();
+    a.eps = float(attr(c, "eps"));
+    a.offset = float(attr_or(c, "weight_offset", 0.0));
     expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(H)});
 }
 
@@ -63,7 +68,7 @@ void run_rms_norm(const KernelCall& c, const StepContext& ctx) {
     float* y = ctx.ptr(c.outs[0]);
     const int64_t ldx = ctx.ld(c.ins[0]), ldy = ctx.ld(c.outs[0]);
     const float* w = static_cast<const float*>(c.weights[0]->data);
-    const float eps = float(c.fv[0]), off = float(c.fv[1]);
+    const float eps = c.get<NormParams>().eps, off = c.get<NormParams>().offset;
 #pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, H, ctx.nthreads))
     for (int r = 0; r < rows; ++r) rms_row(x + r * ldx, y + r * ldy, w, H, eps, off);
 }
@@ -94,7 +99,7 @@ void run_add_rms_norm(const KernelCall& c, const StepContext& ctx) {
     const int64_t ldx = ctx.ld(c.ins[0]), ldr = ctx.ld(c.ins[1]), ldy = ctx.ld(c.outs[0]),
                   ldro = ctx.ld(c.outs[1]);
     const float* w = static_cast<const float*>(c.weights[0]->data);
-    const float eps = float(c.fv[0]), off = float(c.fv[1]);
+    const float eps = c.get<NormParams>().eps, off = c.get<NormParams>().offset;
 #pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, H, ctx.nthreads))
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + r * ldx;

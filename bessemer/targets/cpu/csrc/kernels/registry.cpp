@@ -1,4 +1,4 @@
-// Kernel table (op@version -> prepare/run) and the validation helpers used by prepare.
+// Kernel table ((target, op, version) -> prepare/run) and the validation helpers used by prepare.
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -10,24 +10,26 @@ namespace bessemer {
 
 namespace {
 
+constexpr const char* kTarget = "cpu";
+
 const KernelDef kKernels[] = {
-    {"add", 1, prepare_add, run_add},
-    {"add_rms_norm", 1, prepare_add_rms_norm, run_add_rms_norm},
-    {"all_gather", 1, prepare_all_gather, run_all_gather},
-    {"all_reduce", 1, prepare_all_reduce, run_all_reduce},
-    {"attention", 1, prepare_attention, run_attention},
-    {"embedding", 1, prepare_embedding, run_embedding},
-    {"embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
-    {"gather_rows", 1, prepare_gather_rows, run_gather_rows},
-    {"linear", 1, prepare_linear, run_linear},
-    {"linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},
-    {"linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
-    {"linear_w4a16", 2, prepare_linear_w4a16, run_linear_w4a16},
-    {"linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
-    {"linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
-    {"rms_norm", 1, prepare_rms_norm, run_rms_norm},
-    {"rope", 1, prepare_rope, run_rope},
-    {"silu_mul", 1, prepare_silu_mul, run_silu_mul},
+    {kTarget, "add", 1, prepare_add, run_add},
+    {kTarget, "add_rms_norm", 1, prepare_add_rms_norm, run_add_rms_norm},
+    {kTarget, "all_gather", 1, prepare_all_gather, run_all_gather},
+    {kTarget, "all_reduce", 1, prepare_all_reduce, run_all_reduce},
+    {kTarget, "attention", 1, prepare_attention, run_attention},
+    {kTarget, "embedding", 1, prepare_embedding, run_embedding},
+    {kTarget, "embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
+    {kTarget, "gather_rows", 1, prepare_gather_rows, run_gather_rows},
+    {kTarget, "linear", 1, prepare_linear, run_linear},
+    {kTarget, "linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},
+    {kTarget, "linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
+    {kTarget, "linear_w4a16", 2, prepare_linear_w4a16, run_linear_w4a16},
+    {kTarget, "linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
+    {kTarget, "linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
+    {kTarget, "rms_norm", 1, prepare_rms_norm, run_rms_norm},
+    {kTarget, "rope", 1, prepare_rope, run_rope},
+    {kTarget, "silu_mul", 1, prepare_silu_mul, run_silu_mul},
 };
 
 std::string call_label(const KernelCall& c) {
@@ -38,15 +40,16 @@ std::string call_label(const KernelCall& c) {
 
 }  // namespace
 
-const KernelDef* find_kernel(const std::string& op, int version) {
+const KernelDef* find_kernel(const std::string& target, const std::string& op, int version) {
     for (const KernelDef& k : kKernels)
-        if (op == k.op && version == k.version) return &k;
+        if (target == k.target && op == k.op && version == k.version) return &k;
     return nullptr;
 }
 
-std::string supported_kernels() {
+std::string supported_kernels(const std::string& target) {
     std::string s;
     for (const KernelDef& k : kKernels) {
+        if (target != k.target) continue;
         if (!s.empty()) s += ", ";
         s += std::string(k.op) + "@" + std::to_string(k.version);
     }

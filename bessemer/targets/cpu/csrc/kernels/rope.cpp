@@ -9,7 +9,13 @@ namespace {
 constexpr int kMaxHalf = 1024;  // rotary_dim / 2 limit (stack tables)
 }
 
-// iv: 0 num_heads, 1 num_kv_heads, 2 head_dim, 3 rotary_dim; fv: 0 attention_scaling
+namespace {
+struct RopeParams : KernelParams {
+    int H, Hkv, D, R;  // heads, KV heads, head_dim, rotary_dim
+    float scaling;     // attention_scaling
+};
+}  // namespace
+
 void prepare_rope(KernelCall& c, const PlanInfo& p) {
     expect_arity(c, 2, 0, 1, 1);
     if (same_rows(c, p) != ROWS_TOKENS) kernel_error(c, "q and k must be tokens buffers");
@@ -23,16 +29,18 @@ void prepare_rope(KernelCall& c, const PlanInfo& p) {
     expect_width(c, c.ins[1], int(Hkv * D), "k");
     if (views_overlap(c.ins[0], c.ins[1])) kernel_error(c, "q and k views overlap");
     expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {R / 2});
-    c.iv[0] = H;
-    c.iv[1] = Hkv;
-    c.iv[2] = D;
-    c.iv[3] = R;
-    c.fv[0] = attr_or(c, "attention_scaling", 1.0);
+    RopeParams& a = c.set_params<RopeParams>();
+    a.H = int(H);
+    a.Hkv = int(Hkv);
+    a.D = int(D);
+    a.R = int(R);
+    a.scaling = float(attr_or(c, "attention_scaling", 1.0));
 }
 
 void run_rope(const KernelCall& c, const StepContext& ctx) {
-    const int H = int(c.iv[0]), Hkv = int(c.iv[1]), D = int(c.iv[2]), half = int(c.iv[3] / 2);
-    const float scaling = float(c.fv[0]);
+    const RopeParams& a = c.get<RopeParams>();
+    const int H = a.H, Hkv = a.Hkv, D = a.D, half = a.R / 2;
+    const float scaling = a.scaling;
     const float* inv_freq = static_cast<const float*>(c.weights[0]->data);
     float* q = ctx.ptr(c.ins[0]);
     float* k = ctx.ptr(c.ins[1]);
