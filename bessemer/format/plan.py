@@ -17,8 +17,9 @@ Plan JSON::
      "logits": [buf, col, width],
      "vocab_size": V}
 
-Buffers are matrices of the target's activation type (cpu: float32) with one row per token of the step ("tokens": T rows) or one row
-per selected token ("selected": L rows, the rows named by the step's logits_indices).
+Buffers are matrices of the target's activation type (cpu: float32) with one row per token
+of the step ("tokens": T rows) or one row per selected token ("selected": L rows, the rows
+named by the step's logits_indices).
 Their width is fixed; the executor grows their storage to the step's row count.
 An operand view [buf, col, width] is the column range [col, col+width) of every row of
 buffer `buf`; its row stride is the buffer's width. Views let the fused qkv output feed
