@@ -181,5 +181,8 @@ int64_t attr_int(const KernelCall& c, const char* name);             // required
 void expect_weight(const KernelCall& c, size_t i, std::initializer_list<int> dtypes,
                    std::initializer_list<int> layouts, std::vector<int64_t> shape);
 bool views_overlap(const ViewRef& a, const ViewRef& b);
+// The common checks of every linear kernel (one input view x [rows, K], one output y
+// [rows, N], nw_min..nw_max weights, views of one row kind, N and K > 0): sets *N, *K.
+void expect_linear(KernelCall& c, const PlanInfo& p, size_t nw_min, size_t nw_max, int* N, int* K);
 
 }  // namespace bessemer

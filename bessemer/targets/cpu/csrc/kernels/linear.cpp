@@ -23,10 +23,8 @@ struct LinearParams : KernelParams {
 }  // namespace
 
 void prepare_linear(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 1, 1, 1, 2);
-    same_rows(c, p);
-    const int N = c.outs[0].width, K = c.ins[0].width;
-    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    int N, K;
+    expect_linear(c, p, 1, 2, &N, &K);
     expect_weight(c, 0, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
     if (c.weights.size() == 2) expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
@@ -111,28 +109,14 @@ void ukr_avx2(const UkArgs& a) {
                 v0 = _mm256_permute2f128_ps(lo, hi, 0x20);
                 v1 = _mm256_permute2f128_ps(lo, hi, 0x31);
             }
+            const float* bias = a.bias ? a.bias + col0 : nullptr;
             if (col0 + 16 <= a.ncols) {
-                if (a.accumulate) {
-                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yp));
-                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yp + 8));
-                }
-                if (a.bias) {
-                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias + col0));
-                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + col0 + 8));
-                }
-                _mm256_storeu_ps(yp, v0);
-                _mm256_storeu_ps(yp + 8, v1);
+                store_row16(yp, v0, v1, a.accumulate, bias);
             } else if (col0 < a.ncols) {
                 alignas(32) float tmp[16];
                 _mm256_store_ps(tmp, v0);
                 _mm256_store_ps(tmp + 8, v1);
-                const int nc = a.ncols - col0;
-                for (int j = 0; j < nc; ++j) {
-                    float val = tmp[j];
-                    if (a.accumulate) val += yp[j];
-                    if (a.bias) val += a.bias[col0 + j];
-                    yp[j] = val;
-                }
+                store_row_tail(yp, tmp, a.ncols - col0, a.accumulate, bias);
             }
         }
     }

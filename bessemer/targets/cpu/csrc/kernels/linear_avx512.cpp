@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "linear_driver.h"
+#include "simd_avx512.h"
 
 namespace bessemer {
 
@@ -61,15 +62,11 @@ void ukr_avx512(const UkArgs& a) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
-        const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
-        __m512 b = a.bias ? _mm512_maskz_loadu_ps(mask, a.bias + col0) : _mm512_setzero_ps();
+        const __mmask16 mask = simd512::panel_mask(nc);
+        const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            float* yp = a.y + r * a.ldy + col0;
-            __m512 v = _mm512_add_ps(acc[r][n], b);
-            if (a.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yp));
-            _mm512_mask_storeu_ps(yp, mask, v);
-        }
+        for (int r = 0; r < MR; ++r)
+            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_add_ps(acc[r][n], b), a.accumulate);
     }
 }
 
@@ -116,8 +113,8 @@ void ukr_avx512_bf16_pair(const UkArgs& a) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
-        const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
-        const __m512 b = a.bias ? _mm512_maskz_loadu_ps(mask, a.bias + col0) : _mm512_setzero_ps();
+        const __mmask16 mask = simd512::panel_mask(nc);
+        const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
         __m512 wl = _mm512_setzero_ps();
         if (k2 < a.kc) wl = load_w<true>(wp[n], k2);  // odd K: last row, natural order
 #pragma GCC unroll 2
@@ -128,10 +125,7 @@ void ukr_avx512_bf16_pair(const UkArgs& a) {
             __m512 v = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_permute2f128_ps(lo, hi, 0x20)),
                                           _mm256_permute2f128_ps(lo, hi, 0x31), 1);
             if (k2 < a.kc) v = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][k2]), wl, v);
-            float* yp = a.y + r * a.ldy + col0;
-            v = _mm512_add_ps(v, b);
-            if (a.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yp));
-            _mm512_mask_storeu_ps(yp, mask, v);
+            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_add_ps(v, b), a.accumulate);
         }
     }
 }

@@ -6,7 +6,7 @@
 //
 // e4m3(v): round to nearest even on the E4M3FN grid, saturating at +-448 (the reference is
 // quantization/fp8.py). The activations are quantized once per thread and block by the
-// driver (linear_fp8_driver.h); the weight bytes are converted in registers, never to a
+// driver (linear_driver.h, linear_fp8_family.h); the weight bytes are converted in registers, never to a
 // dequantized copy in memory. E4M3 values and their products are exact in fp32 (and in
 // bf16), so the kernels differ from the reference only by the fp32 summation order.
 //
@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "kernels.h"
-#include "linear_fp8_driver.h"
+#include "linear_fp8_family.h"
 #include "simd_avx2.h"
 
 namespace bessemer {
@@ -33,10 +33,8 @@ struct Fp8Params : KernelParams {
 }  // namespace
 
 void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 1, 1, 3, 4);
-    same_rows(c, p);
-    const int N = c.outs[0].width, K = c.ins[0].width;
-    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    int N, K;
+    expect_linear(c, p, 3, 4, &N, &K);
     expect_weight(c, 0, {DT_F8E4M3}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
     expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {1});

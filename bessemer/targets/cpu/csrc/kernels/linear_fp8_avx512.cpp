@@ -16,7 +16,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "linear_fp8_driver.h"
+#include "linear_fp8_family.h"
+#include "simd_avx512.h"
 
 namespace bessemer {
 
@@ -149,16 +150,12 @@ void ukr_fp8_bf16(const Fp8Args& a) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
-        const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
+        const __mmask16 mask = simd512::panel_mask(nc);
         const __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, a.ws + col0), sx);
-        const __m512 b = a.bias ? _mm512_maskz_loadu_ps(mask, a.bias + col0) : _mm512_setzero_ps();
+        const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            float* yp = a.y + r * a.ldy + col0;
-            __m512 v = _mm512_fmadd_ps(acc[r][n], s, b);
-            if (a.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yp));
-            _mm512_mask_storeu_ps(yp, mask, v);
-        }
+        for (int r = 0; r < MR; ++r)
+            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_fmadd_ps(acc[r][n], s, b), a.accumulate);
     }
 }
 

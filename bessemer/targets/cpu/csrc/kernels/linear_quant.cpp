@@ -48,10 +48,8 @@ struct W4Params : KernelParams {
 }  // namespace
 
 void prepare_linear_w8a16(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 1, 1, 2, 3);
-    same_rows(c, p);
-    const int N = c.outs[0].width, K = c.ins[0].width;
-    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    int N, K;
+    expect_linear(c, p, 2, 3, &N, &K);
     expect_weight(c, 0, {DT_I8}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
     expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (c.weights.size() == 3) expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
@@ -78,10 +76,8 @@ void run_linear_w8a16(const KernelCall& c, const StepContext& ctx) {
 }
 
 void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 1, 1, 3, 4);
-    same_rows(c, p);
-    const int N = c.outs[0].width, K = c.ins[0].width;
-    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    int N, K;
+    expect_linear(c, p, 3, 4, &N, &K);
     const int64_t G = attr_int(c, "group_size");
     if (G <= 0 || G > K || K % G != 0)
         kernel_error(c, "group_size " + std::to_string(G) + " must be > 0 and divide K = " + std::to_string(K));

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "linear_driver.h"
+#include "simd_avx512.h"
 
 namespace bessemer {
 
@@ -133,7 +134,7 @@ void ukr_q_avx512(const UkArgs& a) {
             const int col0 = n * 16;
             const int nc = a.ncols - col0;
             if (nc <= 0) break;
-            const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
+            const __mmask16 mask = simd512::panel_mask(nc);
             __m512 s, o = _mm512_setzero_ps();
             if (QK == Q4) {  // panel16 params: padded to whole panels
                 s = _mm512_loadu_ps(a.qs + n * a.qpstride + g * 16);
@@ -141,15 +142,12 @@ void ukr_q_avx512(const UkArgs& a) {
             } else {
                 s = _mm512_maskz_loadu_ps(mask, a.qs + col0);
             }
-            const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col0) : _mm512_setzero_ps();
+            const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
-                float* yp = a.y + r * a.ldy + col0;
                 __m512 v = QK == Q4 ? _mm512_fmadd_ps(o, _mm512_set1_ps(sx[r]), b) : b;
                 const __m512 d = QK == Q4 ? _mm512_permutexvar_ps(qc.unperm, acc[r][n]) : acc[r][n];
-                v = _mm512_fmadd_ps(d, s, v);
-                if (load_y) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yp));
-                _mm512_mask_storeu_ps(yp, mask, v);
+                simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_fmadd_ps(d, s, v), load_y);
             }
         }
     }

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "linear_driver.h"
+#include "simd_avx512.h"
 
 namespace bessemer {
 
@@ -226,20 +227,18 @@ void ukr_w4_bf16(const UkArgs& a) {
             const int col0 = n * 16;
             const int nc = a.ncols - col0;
             if (nc <= 0) break;
-            const __mmask16 mask = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u);
+            const __mmask16 mask = simd512::panel_mask(nc);
             // panel16 params: padded to whole panels
             const int64_t pi = n * a.qpstride + g * 16;
             const __m512 s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
             const __m512 o = load_params(a.qo, pi, a.pbytes);
-            const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + col0) : _mm512_setzero_ps();
+            const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
-                float* yp = a.y + r * a.ldy + col0;
                 const __m512 sb = _mm512_set1_ps(sx[r]);
-                __m512 v = _mm512_fmadd_ps(o, sb, b);
-                v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], sb), s16, v);
-                if (load_y) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yp));
-                _mm512_mask_storeu_ps(yp, mask, v);
+                const __m512 v = _mm512_fmadd_ps(o, sb, b);
+                simd512::store_row16(a.y + r * a.ldy + col0, mask,
+                                     _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], sb), s16, v), load_y);
             }
         }
     }

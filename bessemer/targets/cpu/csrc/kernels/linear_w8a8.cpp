@@ -9,7 +9,7 @@
 //
 // The reference is quantization/primitives.py (quantize_int8_per_token, linear_w8a8_ref).
 // This file holds prepare/run (ISA dispatch) and the AVX2 path; the AVX-512 VNNI path is
-// in linear_w8a8_avx512.cpp; both run under linear_w8a8_driver.h.
+// in linear_w8a8_avx512.cpp; both run under linear_driver.h (linear_w8a8_family.h).
 //
 // AVX2 has no u8 x s8 -> s32 dot product that cannot saturate (maddubs sums two u8*s8
 // products into a saturating int16), so it uses |x| (u8) times sign(x) * w (s8): both are
@@ -19,7 +19,7 @@
 #include <string>
 
 #include "kernels.h"
-#include "linear_w8a8_driver.h"
+#include "linear_w8a8_family.h"
 #include "simd_avx2.h"
 
 namespace bessemer {
@@ -37,10 +37,8 @@ struct W8A8Params : KernelParams {
 
 void prepare_linear_w8a8(KernelCall& c, const PlanInfo& p) {
     const bool smooth = attr_or(c, "has_smooth", 0.0) != 0.0;
-    expect_arity(c, 1, 1, smooth ? 4 : 3, smooth ? 5 : 4);
-    same_rows(c, p);
-    const int N = c.outs[0].width, K = c.ins[0].width;
-    if (N <= 0 || K <= 0) kernel_error(c, "empty input or output view");
+    int N, K;
+    expect_linear(c, p, smooth ? 4 : 3, smooth ? 5 : 4, &N, &K);
     // The driver keeps Mc x K quantized activations on each thread's stack.
     if (K > kW8A8MaxK) kernel_error(c, "K = " + std::to_string(K) + " exceeds " + std::to_string(kW8A8MaxK));
     expect_weight(c, 0, {DT_I8}, {LAYOUT_VNNI16}, {int64_t(N), int64_t(K)});

@@ -1,4 +1,4 @@
-// linear_w8a8@1, AVX-512 VNNI path (see linear_w8a8.cpp for the math, linear_w8a8_driver.h
+// linear_w8a8@1, AVX-512 VNNI path (see linear_w8a8.cpp for the math, linear_w8a8_family.h
 // for the blocking). Compiled for AVX-512 VNNI by the pragma below and only called when
 // the CPU has it. No C++ standard library headers (see linear_avx512.cpp for why).
 //
@@ -12,7 +12,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "linear_w8a8_driver.h"
+#include "linear_w8a8_family.h"
+#include "simd_avx512.h"
 
 namespace bessemer {
 
@@ -90,15 +91,15 @@ void ukr_w8a8_avx512(const W8A8Args& a) {
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16, nc = a.ncols - col0;
         if (nc <= 0) break;
-        const __mmask16 m = nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1);
+        const __mmask16 m = simd512::panel_mask(nc);
         const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, a.wsum + col0), 7);  // 128 * wsum
         const __m512 wsc = _mm512_maskz_loadu_ps(m, a.ws + col0);
-        const __m512 b = a.bias ? _mm512_maskz_loadu_ps(m, a.bias + col0) : _mm512_setzero_ps();
+        const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, m);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m512 s = _mm512_mul_ps(_mm512_set1_ps(a.xs[r]), wsc);
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][n], corr)), s);
-            _mm512_mask_storeu_ps(a.y + r * a.ldy + col0, m, a.bias ? _mm512_add_ps(v, b) : v);
+            simd512::store_row16(a.y + r * a.ldy + col0, m, a.bias ? _mm512_add_ps(v, b) : v, false);
         }
     }
 }

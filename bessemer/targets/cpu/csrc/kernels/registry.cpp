@@ -137,6 +137,14 @@ void expect_weight(const KernelCall& c, size_t i, std::initializer_list<int> dty
     }
 }
 
+void expect_linear(KernelCall& c, const PlanInfo& p, size_t nw_min, size_t nw_max, int* N, int* K) {
+    expect_arity(c, 1, 1, nw_min, nw_max);
+    same_rows(c, p);
+    *N = c.outs[0].width;
+    *K = c.ins[0].width;
+    if (*N <= 0 || *K <= 0) kernel_error(c, "empty input or output view");
+}
+
 bool views_overlap(const ViewRef& a, const ViewRef& b) {
     return a.buf == b.buf && a.col < b.col + b.width && b.col < a.col + a.width;
 }
