@@ -12,8 +12,11 @@ EXTRA_COMPILE_ARGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenm
 
 ext = Pybind11Extension(
     "bessemer._C",
-    sorted(glob("bessemer/runtime/csrc/*.cpp") + glob("bessemer/plugins/csrc/*.cpp")),
-    include_dirs=["bessemer/runtime/csrc", "bessemer/plugins/csrc"],
+    # the engine contract's C++ (format/csrc) and the cpu target: executor, bindings and
+    # communicator (targets/cpu/csrc), kernels (targets/cpu/csrc/kernels)
+    sorted(glob("bessemer/format/csrc/*.cpp") + glob("bessemer/targets/cpu/csrc/*.cpp")
+           + glob("bessemer/targets/cpu/csrc/kernels/*.cpp")),
+    include_dirs=["bessemer/format/csrc", "bessemer/targets/cpu/csrc", "bessemer/targets/cpu/csrc/kernels"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
 )
