@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 PASSAGE = ("The harbour town woke slowly. Fishermen carried their nets down to the water, the baker opened his "
