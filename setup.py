@@ -1,4 +1,6 @@
-"""Packaging only: metadata, console scripts and the one C++ extension (bessemer._C)."""
+"""Packaging only: metadata, console scripts and the two C++ extensions: bessemer._C (the cpu
+target) and bessemer._cuda (the cuda target's executor, built everywhere: it loads the CUDA
+driver with dlopen at run time, so it needs no CUDA headers or libraries to build or import)."""
 
 from glob import glob
 
@@ -16,6 +18,14 @@ ext = Pybind11Extension(
     include_dirs=["bessemer/runtime/csrc", "bessemer/plugins/csrc"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
+)
+
+cuda_ext = Pybind11Extension(
+    "bessemer._cuda",
+    sorted(glob("bessemer/targets/cuda/csrc/*.cpp")),
+    include_dirs=["bessemer/targets/cuda/csrc"],
+    extra_compile_args=["-O2", "-std=c++17", "-Wall"],
+    libraries=["dl"],
 )
 
 setup(
@@ -38,7 +48,7 @@ setup(
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],
     },
-    ext_modules=[ext],
+    ext_modules=[ext, cuda_ext],
     cmdclass={"build_ext": build_ext},
     entry_points={
         "console_scripts": [
