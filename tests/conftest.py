@@ -13,6 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The Triton-interpreter tests run only in their own process, started with TRITON_INTERPRET=1
+# by tests/test_cuda_interpreter.py (kernels compiled ahead of time cannot share it).
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["cuda_interpreter"]
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 WIKITEXT = SHARED_DATA / "wikitext-2" / "valid.txt"
 
