@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from bessemer.targets.cuda.compile import KernelSpec
+from bessemer.targets.cuda.cubin import tensor_core_counts
 
 
 def compile_one(spec: KernelSpec, capability: int) -> tuple[bytes, dict]:
@@ -45,6 +46,7 @@ def compile_one(spec: KernelSpec, capability: int) -> tuple[bytes, dict]:
         "ptx_version": md.ptx_version, "triton_version": triton.__version__,
         "ptxas_version": ptxas.pop("version"), "ptxas": ptxas,
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(), "cubin_bytes": len(cubin),
+        "tensor_core_ops": tensor_core_counts(cubin),
     }
     return cubin, metadata
 
