@@ -47,6 +47,9 @@ setup(
         "mpi": ["openmpi", "mpi4py"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],
+        # --target cuda: Triton compiles the kernels to cubins ahead of time (no GPU needed);
+        # pinned so cubins built anywhere match what the GPU machine's tools expect
+        "cuda": ["triton==3.6.0"],
     },
     ext_modules=[ext, cuda_ext],
     cmdclass={"build_ext": build_ext},

@@ -129,6 +129,15 @@ class WeightSource:
         return produce
 
 
+def _target_fields(build: BuildConfig) -> dict:
+    """config.json fields that say what hardware the engine runs on."""
+    if build.target == "cuda":
+        from bessemer.targets.cuda.build import config_fields
+
+        return config_fields(build.resolved_gpu_arch)
+    return {"isa_baseline": "avx2"}
+
+
 def _prepare_output(output: Path) -> Path:
     """A fresh temp dir beside the output; the output may only replace an engine or empty dir."""
     if output.exists():
@@ -168,7 +177,12 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     attn = next((n for n in graph.nodes if n.op == "attention"), None)
     kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
     kv = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads, head_dim=cfg.head_dim)
-    plan, specs = lower(graph, build, kv)
+    if build.target == "cuda":  # the cuda target's own lowering (bessemer/targets/cuda)
+        from bessemer.targets.cuda.build import lower_cuda
+
+        plan, specs = lower_cuda(graph, build, kv)
+    else:
+        plan, specs = lower(graph, build, kv)
     return graph, applied, plan, specs
 
 
@@ -181,7 +195,6 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     family = family_for(ckpt.config)
     cfg = family.config_from_hf(ckpt.config)
     graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, build, model_dir, None)
-    total = sum(fmt.packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
 
@@ -189,18 +202,26 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         done[0] += nbytes
         done[1] += 1
         if done[1] % 20 == 0 or done[0] == total:
-            say(f"{prefix}packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
+            say(f"{prefix}packing weights: {done[1]}/{len(entries)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
 
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target, "isa_baseline": "avx2",
               "plan": plan.to_json()}
     source = WeightSource(ckpt, graph.constants, calibration)
     entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
+    kernels = None
+    if build.target == "cuda":  # compiled kernels: header fields and cubin tensors after the weights
+        from bessemer.targets.cuda.build import rank_kernel_section
+
+        fields, cubins, kernels = rank_kernel_section(plan, build.resolved_gpu_arch, say)
+        header = dict({k: v for k, v in header.items() if k != "isa_baseline"}, **fields)
+        entries += cubins
+    total = sum(e.nbytes for e in entries)
     rank_file = tmp / f"rank{rank}.engine"
     digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
             "kernels": plan.kernels(), "applied": applied, "quant_error": source.quant_stats,
-            "seconds": round(time.perf_counter() - t, 3),
+            "seconds": round(time.perf_counter() - t, 3), "compiled_kernels": kernels,
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
                         for s in specs]}
@@ -281,7 +302,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         config = {
             "bessemer_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
-            "target": build.target, "isa_baseline": "avx2",
+            "target": build.target, **_target_fields(build),
             "model": cfg.to_json(), "build": build.to_json(),
             "quant": build.quant.to_json() if build.quant else None,
             "mapping": {"tp_size": n, "pp_size": 1, "world_size": n},
@@ -301,6 +322,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                   "quant_error": quant_error,
                   "calibration": calibration.report if calibration else None,
                   "workers": min(workers, n),
+                  **({"kernels": ranks[0]["compiled_kernels"]} if build.target == "cuda" else {}),
                   "ranks": [{"rank": i, "file": r["file"], "bytes": r["size"], "seconds": r["seconds"],
                              "peak_rss_mib": r["peak_rss_mib"]} for i, r in enumerate(ranks)],
                   "tensors": ranks[0]["tensors"]}

@@ -7,11 +7,14 @@ from dataclasses import asdict, dataclass
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.config import QuantConfig
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 # KV cache element types: the float ones, or one-byte codes with dynamic per-(token, head)
 # scales (quantization/kv_cache.py).
 KV_CACHE_DTYPES = DTYPES + ("int8", "fp8")
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
+# --target cuda: activations, weights and KV cache in one 16-bit float type (bessemer/targets/cuda)
+CUDA_DTYPES = ("bfloat16", "float16")
+CUDA_DEFAULT_GPU_ARCH = "sm_90"
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class BuildConfig:
     tp_rank: int = 0  # the rank a per-rank pass builds for; set by build_engine, not serialized
     fuse: bool = True  # run the fusion passes (off only to debug a fusion)
     quant: QuantConfig | None = None  # serialized on its own, as config.json "quant"
+    gpu_arch: str | None = None  # --target cuda: the GPU the kernels are compiled for (None: sm_90)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -36,6 +40,12 @@ class BuildConfig:
                                      f"{', '.join(KV_CACHE_DTYPES)}")
         if self.target not in TARGETS:
             raise InvalidOptionError(f"--target {self.target!r} is not available; use one of {', '.join(TARGETS)}")
+        if self.target == "cuda":
+            self._check_cuda()
+        elif self.gpu_arch is not None:
+            raise InvalidOptionError("--gpu-arch applies to --target cuda only; drop it or add --target cuda")
+        elif self.dtype == "float16" or self.kv_cache_dtype == "float16":
+            raise InvalidOptionError("float16 is a --target cuda dtype; the cpu target stores float32 or bfloat16")
         for name in ("max_batch_size", "max_num_tokens", "kv_block_size", "tp_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -47,6 +57,26 @@ class BuildConfig:
         if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
             raise InvalidOptionError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank!r}")
 
+    def _check_cuda(self) -> None:
+        from bessemer.targets.cuda.compile import GPU_ARCHS
+
+        if self.dtype not in CUDA_DTYPES:
+            raise InvalidOptionError(f"--target cuda runs {' or '.join(CUDA_DTYPES)} kernels, not {self.dtype}; "
+                                     "pass --dtype bfloat16")
+        if self.kv_cache_dtype not in (None, self.dtype):
+            raise InvalidOptionError(f"--target cuda keeps the KV cache in --dtype ({self.dtype}); "
+                                     f"drop --kv-cache-dtype {self.kv_cache_dtype}")
+        if self.resolved_gpu_arch not in GPU_ARCHS:
+            raise InvalidOptionError(f"--gpu-arch {self.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
+        if self.quant is not None:
+            raise InvalidOptionError("--target cuda has no quantized kernels yet; drop --quant")
+        if self.tp_size != 1:
+            raise InvalidOptionError("--target cuda builds one rank for now; drop --tp")
+
+    @property
+    def resolved_gpu_arch(self) -> str | None:
+        return (self.gpu_arch or CUDA_DEFAULT_GPU_ARCH) if self.target == "cuda" else None
+
     @property
     def resolved_kv_dtype(self) -> str:
         return self.kv_cache_dtype or self.dtype
@@ -54,6 +84,9 @@ class BuildConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("quant")
+        d.pop("gpu_arch")
+        if self.target == "cuda":  # cpu engines' config.json stays as it was
+            d["gpu_arch"] = self.resolved_gpu_arch
         d.pop("tp_rank")  # config.json describes every rank; each rank file's header names its rank
         return d
 

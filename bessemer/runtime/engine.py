@@ -46,7 +46,8 @@ class Engine:
         return self.config["build"]
 
     @staticmethod
-    def read_config(engine_dir: str | Path) -> dict:
+    def read_config(engine_dir: str | Path, any_target: bool = False) -> dict:
+        """config.json, checked: format major, and (unless any_target, as for inspect) target."""
         d = Path(engine_dir)
         if not d.is_dir():
             raise EngineLoadError(f"engine directory {d} does not exist; build one with `build-engine MODEL_DIR --output {d}`")
@@ -63,9 +64,10 @@ class Engine:
                 f"engine format {fmt.get('major')}.{fmt.get('minor')} (built by bessemer "
                 f"{config.get('bessemer_version')}) is not supported by this runtime (format "
                 f"{SUPPORTED_FORMAT_MAJOR}.x); rebuild the engine with this version's build-engine")
-        if config.get("target") not in SUPPORTED_TARGETS:
+        if not any_target and config.get("target") not in SUPPORTED_TARGETS:
+            built_for = f" ({config['gpu_arch']})" if config.get("gpu_arch") else ""
             raise EngineLoadError(
-                f"engine target {config.get('target')!r} cannot run on this runtime (targets: "
+                f"engine target {config.get('target')!r}{built_for} cannot run on this runtime (targets: "
                 f"{', '.join(SUPPORTED_TARGETS)}); rebuild with --target cpu")
         return config
 

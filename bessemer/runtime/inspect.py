@@ -11,7 +11,7 @@ from bessemer.runtime.engine import Engine
 
 def describe(engine_dir: str | Path) -> dict:
     d = Path(engine_dir)
-    config = Engine.read_config(d)
+    config = Engine.read_config(d, any_target=True)
     ranks = []
     for entry in config["ranks"]:
         major, minor, header, data_offset = read_rank_header(d / entry["file"])
@@ -19,12 +19,14 @@ def describe(engine_dir: str | Path) -> dict:
         by_dtype = Counter()
         for t in header["tensors"]:
             by_dtype[t["dtype"]] += t["nbytes"]
+        steps = plan["forward"] if header.get("target") == "cuda" else plan["steps"]
         ranks.append({
             "file": entry["file"], "size_bytes": entry["size"], "sha256": entry["sha256"],
             "format": f"{major}.{minor}", "num_tensors": len(header["tensors"]),
-            "num_kernel_calls": len(plan["steps"]), "num_buffers": len(plan["buffers"]),
-            "kernel_calls": dict(Counter(f"{s['op']}@{s['version']}" for s in plan["steps"])),
+            "num_kernel_calls": len(steps), "num_buffers": len(plan["buffers"]),
+            "kernel_calls": dict(Counter(f"{s['op']}@{s.get('version', 1)}" for s in steps)),
             "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
+            **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]]} if "kernels" in header else {}),
         })
     report = d / "build_report.json"
     quant_error = {}
@@ -34,6 +36,7 @@ def describe(engine_dir: str | Path) -> dict:
         quant_error = json.loads(report.read_text()).get("quant_error") or {}
     return {"quant_error": quant_error,"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
             "target": config["target"], "isa_baseline": config.get("isa_baseline"),
+            "gpu_arch": config.get("gpu_arch"), "triton_version": config.get("triton_version"),
             "model": config["model"], "build": config["build"], "quant": config["quant"],
             "mapping": config["mapping"], "plugins": config["plugins"], "passes": config.get("passes", []),
             "ranks": ranks, "build_report": str(report) if report.exists() else None}
@@ -44,7 +47,8 @@ def format_description(info: dict) -> str:
     lines = [
         f"engine        {info['engine']}",
         f"format        {info['format']['major']}.{info['format']['minor']} (bessemer {info['bessemer_version']})",
-        f"target        {info['target']} (ISA baseline {info['isa_baseline']})",
+        f"target        {info['target']} " + (f"({info['gpu_arch']}, kernels by Triton {info['triton_version']})"
+                                               if info["gpu_arch"] else f"(ISA baseline {info['isa_baseline']})"),
         f"model         {m['architecture']}: {m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
         f"heads {m['num_attention_heads']}/{m['num_key_value_heads']} x {m['head_dim']}, vocab {m['vocab_size']}, "
         f"rope {m['rope_parameters'].get('rope_type')}, tied embeddings {m['tie_word_embeddings']}",
@@ -61,7 +65,30 @@ def format_description(info: dict) -> str:
                      f"{r['num_tensors']} tensors, {r['num_kernel_calls']} kernel calls, {r['num_buffers']} buffers")
         lines.append("  kernels     " + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernel_calls"].items())))
         lines.append(f"  sha256      {r['sha256']}")
+        lines += _kernel_lines(r.get("compiled_kernels") or [])
     return "\n".join(lines)
+
+
+def _kernel_row(k: dict) -> dict:
+    """One compiled kernel of a cuda engine, as inspect shows it."""
+    shape = {n: v for n, v in k["constexprs"].items() if n in ("N", "K", "BLOCK_M", "HEAD_DIM", "SLIDING_WINDOW", "V")}
+    return {"id": k["id"], "function": k["function"], "shape": shape, "arch": k["arch"],
+            "registers": k["ptxas"]["registers"], "shared_bytes": k["shared"], "num_warps": k["num_warps"],
+            "spill_bytes": k["ptxas"]["spill_store_bytes"] + k["ptxas"]["spill_load_bytes"],
+            "tensor_cores": ",".join(f"{op} x{n}" for op, n in sorted(k["tensor_core_ops"].items())) or "-",
+            "cubin_bytes": k["cubin_bytes"]}
+
+
+def _kernel_lines(kernels: list[dict]) -> list[str]:
+    if not kernels:
+        return []
+    lines = [f"  compiled    {len(kernels)} kernels (id function [shape] arch regs shared warps spills tensor-cores)"]
+    for k in kernels:
+        shape = ",".join(f"{n}={v}" for n, v in k["shape"].items())
+        lines.append(f"    {k['id']:3d} {k['function']:32s} [{shape}] {k['arch']} {k['registers']:3d} regs "
+                     f"{k['shared_bytes'] / 1024:6.1f} KiB {k['num_warps']:2d} warps spills {k['spill_bytes']} "
+                     f"{k['tensor_cores']}")
+    return lines
 
 
 def _quant_error_lines(quant_error: dict) -> list[str]:
