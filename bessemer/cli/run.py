@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bessemer.cli.common import Progress, fail, user_errors
+from bessemer.cli.common import Progress, fail, gpu_kwargs, gpu_options, user_errors
 
 
 def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]:
@@ -38,10 +38,13 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--stream", is_flag=True, help="Print text as it is generated (one prompt at a time).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt on stdout.")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
+@click.option("--kv-cache-gib", type=float, default=None,
+              help="KV-cache budget (cpu default 1; cuda default: --gpu-memory-utilization).")
+@gpu_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,
-         ignore_eos, stream, as_json, threads, quiet):
+         ignore_eos, stream, as_json, threads, kv_cache_gib, device, gpu_memory_utilization, enforce_eager, quiet):
     """Generate text with a Bessemer engine."""
     from bessemer.runtime.llm import LLM, SamplingParams
 
@@ -52,7 +55,8 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos)
     progress(f"loading engine {engine_dir}")
-    llm = LLM(engine_dir, num_threads=threads)
+    llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+              **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
     progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
     if chat:
         token_ids = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]

@@ -16,7 +16,7 @@ from bessemer.errors import EngineLoadError
 from bessemer.quantization.kv_cache import kv_bytes_per_token
 
 SUPPORTED_FORMAT_MAJOR = 1
-SUPPORTED_TARGETS = ("cpu",)
+SUPPORTED_TARGETS = ("cpu", "cuda")  # cuda: run by bessemer/targets/cuda/executor.py
 ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl")}
 
 
@@ -77,7 +77,8 @@ class Engine:
         config = cls.read_config(d)
         _C = _native()
         features = _C.cpu_features()
-        missing = [f for f in ISA_FEATURES.get(config.get("isa_baseline", "avx2"), ()) if not features.get(f)]
+        needs = ISA_FEATURES.get(config.get("isa_baseline", "avx2"), ()) if config.get("target") == "cpu" else ()
+        missing = [f for f in needs if not features.get(f)]
         if missing:
             raise EngineLoadError(f"engine needs CPU features {config['isa_baseline']} ({', '.join(missing)} missing "
                                   "on this CPU); run it on an x86-64 CPU with AVX2 and FMA")

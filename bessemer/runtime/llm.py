@@ -19,7 +19,7 @@ import numpy as np
 from bessemer.errors import InvalidOptionError, RequestError
 from bessemer.runtime.engine import Engine
 from bessemer.runtime.kv_cache import BlockManager, blocks_needed
-from bessemer.runtime.model_runner import run_step
+from bessemer.runtime.model_runner import run_step, run_step_sampled
 from bessemer.runtime.sampler import apply_penalties, sample, top_logprobs
 from bessemer.runtime.scheduler import ScheduledChunk, Scheduler, Sequence
 from bessemer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -119,10 +119,15 @@ def _default_threads() -> int:
 class LLM:
     def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
-                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0):
+                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
+                 device: int | None = None, gpu_memory_utilization: float | None = None,
+                 enforce_eager: bool = False, say: Callable[[str], None] | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
-        waits for a late peer inside a step before the engine stops with an error."""
+        waits for a late peer inside a step before the engine stops with an error.
+        A cuda engine runs on GPU `device` (default 0); its KV cache takes `kv_cache_gib`
+        or `gpu_memory_utilization` of the GPU (targets/cuda/executor.py); `enforce_eager`
+        turns CUDA graphs off; `say` receives load progress."""
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
         self.tp_size = int(self.engine.config.get("mapping", {}).get("tp_size", 1))
         build = self.engine.build
@@ -130,6 +135,27 @@ class LLM:
         self.max_num_tokens = int(build["max_num_tokens"])
         self.max_batch_size = int(build["max_batch_size"])
         self.block_size = int(build["kv_block_size"])
+        if self.engine.config.get("target") == "cuda":
+            from bessemer.targets.cuda.executor import CudaExecutor
+
+            self.executor = CudaExecutor(self.engine, device or 0, kv_cache_gib, gpu_memory_utilization,
+                                         enforce_eager, say)
+            self.num_threads = 1
+            self.num_kv_blocks = self.executor.num_kv_blocks
+        else:
+            if device is not None or gpu_memory_utilization is not None or enforce_eager:
+                raise InvalidOptionError("--device, --gpu-memory-utilization and --enforce-eager apply to cuda "
+                                         "engines; this engine's target is cpu")
+            self._create_cpu_executor(num_threads, kv_cache_gib, isa, tp_timeout_s, verify_checksum)
+        self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
+        self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
+        self._tokenizer: Tokenizer | None = None
+        self._eos_ids = self._find_eos_ids()
+        self._seed = seed
+        self._next_id = 0
+
+    def _create_cpu_executor(self, num_threads, kv_cache_gib, isa, tp_timeout_s, verify_checksum) -> None:
         self.num_threads = num_threads or max(1, _default_threads() // self.tp_size)
         # Enough blocks for a full batch of full-length sequences, capped by the memory
         # budget, but never fewer than one full-length sequence needs.
@@ -144,13 +170,6 @@ class LLM:
                                      verify_checksum, max_blocks=one_seq)
         else:
             self.executor = self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
-        self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
-        self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
-        self._tokenizer: Tokenizer | None = None
-        self._eos_ids = self._find_eos_ids()
-        self._seed = seed
-        self._next_id = 0
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when this
@@ -225,8 +244,18 @@ class LLM:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        if getattr(self.executor, "samples_on_device", False) and all(self._device_samples(c) for c in batch):
+            return self._postprocess(batch, None, run_step_sampled(self.executor, batch))
         logits = run_step(self.executor, batch)
         return self._postprocess(batch, logits)
+
+    def _device_samples(self, chunk: ScheduledChunk) -> bool:
+        """Whether the device sampler (temperature, top-k, top-p) gives this chunk's token: no
+        penalties, min_p, logprobs, or min_tokens mask, which need the logits on the host."""
+        p = chunk.seq.params
+        return not chunk.completes or (
+            p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and p.min_p == 0.0 and p.logprobs is None and len(chunk.seq.output_token_ids) >= p.min_tokens)
 
     def abort(self, seq: Sequence) -> None:
         """Cancels a queued or running sequence and returns its KV blocks."""
@@ -257,7 +286,10 @@ class LLM:
                     self.abort(seq)
         return [self.output(g, text) for g, (text, _) in zip(groups, items)]
 
-    def _postprocess(self, batch: list[ScheduledChunk], logits: np.ndarray) -> list[tuple[Sequence, str]]:
+    def _postprocess(self, batch: list[ScheduledChunk], logits: np.ndarray | None,
+                     sampled: np.ndarray | None = None) -> list[tuple[Sequence, str]]:
+        """logits [L, vocab] of the completing chunks (host sampling), or their tokens [L]
+        already sampled on the device."""
         now = time.perf_counter()
         events = []
         row = 0
@@ -268,15 +300,10 @@ class LLM:
             if not completes:
                 continue
             params = seq.params
-            row_logits = apply_penalties(logits[row], seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
-                                         params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
-            if len(seq.output_token_ids) < params.min_tokens:
-                stops = [t for t in self._stop_ids(params) if t < len(row_logits)]
-                row_logits = row_logits.copy() if row_logits is logits[row] else row_logits
-                row_logits[stops] = -np.inf
-            token = sample(row_logits, params.temperature, params.top_k, params.top_p, seq.rng, params.min_p)
-            if params.logprobs is not None:
-                seq.logprobs.append(top_logprobs(logits[row], token, params.logprobs))
+            if sampled is not None:
+                token = int(sampled[row])
+            else:
+                token = self._sample_on_host(seq, logits[row])
             row += 1
             seq.token_ids.append(token)
             seq.first_token_time = seq.first_token_time or now
@@ -300,6 +327,19 @@ class LLM:
                 self.scheduler.finish(seq, reason)
             events.append((seq, delta))
         return events
+
+    def _sample_on_host(self, seq: Sequence, logits: np.ndarray) -> int:
+        params = seq.params
+        row_logits = apply_penalties(logits, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
+                                     params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+        if len(seq.output_token_ids) < params.min_tokens:
+            stops = [t for t in self._stop_ids(params) if t < len(row_logits)]
+            row_logits = row_logits.copy() if row_logits is logits else row_logits
+            row_logits[stops] = -np.inf
+        token = sample(row_logits, params.temperature, params.top_k, params.top_p, seq.rng, params.min_p)
+        if params.logprobs is not None:
+            seq.logprobs.append(top_logprobs(logits, token, params.logprobs))
+        return token
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
         return set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self._eos_ids)

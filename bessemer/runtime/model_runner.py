@@ -7,9 +7,10 @@ import numpy as np
 from bessemer.runtime.scheduler import ScheduledChunk
 
 
-def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
-    """Runs one step; returns logits [L, vocab] for the last row of every chunk that
-    completes its sequence (or for every row when `all_logits`)."""
+def step_inputs(batch: list[ScheduledChunk], all_logits: bool = False) -> tuple:
+    """(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices): rows of
+    the last row of every chunk that completes its sequence are selected (every row when
+    `all_logits`)."""
     # token_ids, positions: (T,); cu_seqlens: (S+1,); block_tables: (S, max_blocks)
     lengths = [c.num_tokens for c in batch]
     cu = np.zeros(len(batch) + 1, dtype=np.int32)
@@ -30,5 +31,22 @@ def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) ->
             selected.extend(range(cu[s], cu[s + 1]))
         elif c.completes:
             selected.append(cu[s + 1] - 1)
-    indices = np.asarray(selected, dtype=np.int32)
-    return executor.step(tokens, positions, cu, context, tables, indices)
+    return tokens, positions, cu, context, tables, np.asarray(selected, dtype=np.int32)
+
+
+def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
+    """Runs one step; returns logits [L, vocab] for the selected rows."""
+    return executor.step(*step_inputs(batch, all_logits))
+
+
+def run_step_sampled(executor, batch: list[ScheduledChunk]) -> np.ndarray:
+    """Runs one step with sampling on the device (an executor with `sample`); returns the
+    token id [L] of every completing chunk. Each draw's uniform comes from its sequence's
+    seeded generator, so a seed gives the same tokens on every run."""
+    completing = [c.seq for c in batch if c.completes]
+    temperature = np.array([s.params.temperature for s in completing], dtype=np.float32)
+    top_k = np.array([max(0, s.params.top_k) for s in completing], dtype=np.int32)
+    top_p = np.array([s.params.top_p for s in completing], dtype=np.float32)
+    uniform = np.array([s.rng.random() if s.params.temperature > 0 else 0.0 for s in completing], dtype=np.float64)
+    tokens, _ = executor.sample(*step_inputs(batch), temperature, top_k, top_p, uniform)
+    return tokens

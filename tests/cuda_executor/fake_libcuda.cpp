@@ -47,6 +47,7 @@ struct Param {
 
 struct Function {
     std::string entry;
+    size_t module = 0;  // index of its cuModuleLoadData call in this process
     std::vector<Param> params;
     uint32_t reqntid = 0;
     int registers = 0;
@@ -432,7 +433,10 @@ CUresult fake_cuModuleLoadData(CUmodule* m, const void* image) {
         return refuse("cuModuleLoadData", CUDA_ERROR_NO_BINARY_FOR_GPU, fmt("cubin sm_%d", sm));
     }
     auto* mod = new Module();
-    for (auto* f : functions) mod->functions[f->entry] = f;
+    for (auto* f : functions) {
+        f->module = s.modules.size();
+        mod->functions[f->entry] = f;
+    }
     s.modules.push_back(mod);
     *m = reinterpret_cast<CUmodule>(mod);
     log_line(fmt("{\"fn\":\"cuModuleLoadData\",\"module\":%zu,\"kernels\":%zu}", s.modules.size() - 1, functions.size()));
@@ -512,8 +516,8 @@ CUresult fake_cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction fn, void** pa
     auto cap = s.capturing.find(c->hStream);
     const int graph = cap == s.capturing.end() ? 0 : s.graph_ids[cap->second];
     const std::string body =
-        fmt("\"entry\":\"%s\",\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"shared\":%u,\"stream\":%d,\"attrs\":[%s],",
-            f->entry.c_str(), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+        fmt("\"entry\":\"%s\",\"module\":%zu,\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"shared\":%u,\"stream\":%d,\"attrs\":[%s],",
+            f->entry.c_str(), f->module, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
             c->sharedMemBytes, stream_id(c->hStream), attrs.c_str()) +
         "\"params\":\"" + hex(packed.data(), packed.size()) + "\"";
     if (cap != s.capturing.end()) cap->second->nodes.push_back(Node{body});
