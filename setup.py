@@ -4,8 +4,11 @@ driver with dlopen at run time, so it needs no CUDA headers or libraries to buil
 
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# Compile the extensions' sources in parallel (BESSEMER_BUILD_JOBS, default: every core).
+ParallelCompile("BESSEMER_BUILD_JOBS", default=0).install()
 
 # AVX2+FMA is the baseline ISA of the cpu target; AVX-512 kernels are compiled in files
 # that enable it with `#pragma GCC target` and are chosen at run time (cpu_features()).

@@ -35,6 +35,16 @@ TYPE_SIZES = {"i32": 4, "fp32": 4, "i64": 8}  # every pointer ("*...") is 8 byte
 CACHE_ENV = "BESSEMER_KERNEL_CACHE"
 
 
+def check_gpu_arch(engine_arch: str, device_arch: str) -> None:
+    """The runtime's arch check: sm_90a cubins run on compute capability 9.0 only."""
+    from bessemer.errors import EngineLoadError
+
+    if engine_arch != device_arch:
+        built = next((flag for flag, (_, arch) in GPU_ARCHS.items() if arch == device_arch), None)
+        fix = f"rebuild with --gpu-arch {built}" if built else "no --gpu-arch targets this GPU yet"
+        raise EngineLoadError(f"engine kernels are built for {engine_arch}, this GPU is {device_arch}; {fix}")
+
+
 def cuda_install_hint() -> str:
     return "pip install 'bessemer[cuda]' (triton==3.6.0)"
 
