@@ -3,11 +3,13 @@ bf16 checkpoints at SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B shapes made on t
 cuda engines built there, then correctness and speed, written to OUT/results.json after
 every stage (a run cut short keeps what it measured) and summarized as a table.
 
-Stages run in priority order under one deadline; a stage that cannot finish in the time
-left is skipped with a line saying so, a failing stage is recorded (one line here, the
-traceback in the log) and the stages that need it are skipped.
+Stages run in priority order under one deadline, each under a time limit of its own (LIMITS,
+or --stage-limit NAME=S): a stage that cannot start with its minimum left is skipped, one
+that runs past its limit is cut (SIGALRM; a long call into C returns first), a failing
+stage is recorded (one line here, the traceback in the log); in each case the run goes on
+and the stages that need it are skipped.
 
-    python tests/gpu/check.py --out OUT --work DIR [--budget-s S] [--rehearse]
+    python tests/gpu/check.py --out OUT --work DIR [--budget-s S] [--rehearse] [--stage-limit NAME=S ...]
 
 --rehearse runs every stage on CPU at tiny shapes (rehearsal.py): the C++ executor's whole
 path against the fake driver (BESSEMER_LIBCUDA), the 135m comparisons on logits the
@@ -25,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,11 +53,25 @@ KV_CACHE_GIB = {"135m": 4.0, "1b": 8.0, "8b": 24.0}  # leaves room for the HF mo
 SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), prefix=(160, 96)),
          True: dict(prompts=(2, 16), new_tokens=3, batch=(5, 9, 16, 12), prefix=(40, 32))}
 INTERPRETED = ("135m",)  # rehearsal: models whose comparisons run on interpreted logits
+# seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
+# a name is enough: "correctness" covers correctness-135m and correctness-1b
+LIMITS = {"environment": 30, "checkpoints": 150, "builds": 240, "correctness": 60, "decode": 45, "prefill": 45,
+          "throughput": 90, "hf-eager": 60, "hf-compiled": 180}
+
+
+class StageCut(BaseException):
+    """A stage ran past its time limit (a BaseException: no library's `except Exception`
+    swallows it)."""
+
+
+def _cut(_signum, _frame):
+    raise StageCut()
 
 
 class Check:
-    def __init__(self, out: Path, work: Path, budget_s: float, rehearse: bool):
+    def __init__(self, out: Path, work: Path, budget_s: float, rehearse: bool, limits: dict | None = None):
         self.out, self.rehearse = out, rehearse
+        self.limits = dict(LIMITS, **(limits or {}))
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + budget_s
         self.device = "cpu" if rehearse else "cuda"
@@ -97,12 +114,24 @@ class Check:
             self.say(f"stage {name}: SKIPPED (only {self.left():.0f}s left of the budget, needs ~{min_s:.0f}s)")
             self.failed.add(name)
             return self.save()
-        self.say(f"stage {name} ...")
+        limit = min(self.limit(name), max(self.left(), 1.0))
+        self.say(f"stage {name} ... (limit {limit:.0f}s)")
         t = time.perf_counter()
+        previous = signal.signal(signal.SIGALRM, _cut)
+        signal.setitimer(signal.ITIMER_REAL, limit)
         try:
-            result = fn()
+            try:
+                result = fn()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
             result = dict(result or {}, seconds=round(time.perf_counter() - t, 2))
             self.say(f"stage {name}: done in {result['seconds']:.1f}s")
+        except StageCut:
+            self.failed.add(name)
+            result = {"cut": f"ran past its {limit:.3g}s limit", "seconds": round(time.perf_counter() - t, 2)}
+            self.say(f"stage {name}: CUT after {result['seconds']:.1f}s (limit {limit:.3g}s)")
+            self.log.write(traceback.format_exc())
         except Exception as e:  # noqa: BLE001 - recorded, and the run goes on
             self.failed.add(name)
             result = {"error": f"{type(e).__name__}: {e}".splitlines()[0], "seconds": round(time.perf_counter() - t, 2)}
@@ -110,6 +139,13 @@ class Check:
             self.log.write(traceback.format_exc())
         self.results["stages"][name] = result
         self.save()
+
+    def limit(self, name: str) -> float:
+        """The stage's time limit: its own entry, else its family's ("decode" for decode-8b)."""
+        for key in (name, name.split("-")[0], "-".join(name.split("-")[:2])):
+            if key in self.limits:
+                return float(self.limits[key])
+        return float("inf")
 
     def sync(self) -> None:
         import torch
@@ -224,6 +260,7 @@ class Check:
         out = {}
         for name in self.shapes:
             t = time.perf_counter()
+            shutil.rmtree(self.work / f"engine-{name}", ignore_errors=True)  # a previous run's
             options = dict(ENGINES[name], **({"max_seq_len": 1024, "max_num_tokens": 512} if self.rehearse else {}))
             engine = build_engine(self.work / f"hf-{name}", self.work / f"engine-{name}",
                                   BuildConfig(target="cuda", dtype="bfloat16", **options), progress=self.say)
@@ -363,10 +400,19 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True, help="checkpoints and engines (~40 GB for the real shapes)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="time for every stage together")
     ap.add_argument("--rehearse", action="store_true", help="CPU, tiny shapes, fake driver")
+    ap.add_argument("--stage-limit", action="append", default=[], metavar="NAME=S",
+                    help="a stage's (or family's) time limit in seconds, e.g. hf-compiled=90")
     args = ap.parse_args()
+    limits = {}
+    for item in args.stage_limit:
+        name, _, seconds = item.partition("=")
+        try:
+            limits[name] = float(seconds)
+        except ValueError:
+            ap.error(f"--stage-limit {item!r}: give NAME=SECONDS, e.g. hf-compiled=90")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    return Check(args.out, args.work, args.budget_s, args.rehearse).run()
+    return Check(args.out, args.work, args.budget_s, args.rehearse, limits).run()
 
 
 if __name__ == "__main__":

@@ -10,13 +10,15 @@
 #
 #   OUT=/some/dir tests/gpu/check.sh              # on the GPU machine (no network needed)
 #   OUT=/some/dir tests/gpu/check.sh --rehearse   # on CPU: tiny shapes, the fake driver
+#   OUT=/some/dir tests/gpu/check.sh --stage-limit hf-compiled=90   # a stage's limit (check.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-check-out}
 WORK=${WORK:-${TMPDIR:-/tmp}/bessemer-gpu-check}
 TOTAL_S=${CHECK_TOTAL_S:-480}
 REHEARSE=""
-[[ "${1:-}" == "--rehearse" ]] && REHEARSE=--rehearse
+[[ "${1:-}" == "--rehearse" ]] && REHEARSE=--rehearse && shift
+# any further arguments go to check.py (e.g. --stage-limit hf-compiled=90)
 # on the GPU: the carried cache (prebuild_kernels.py); a rehearsal shares the user's cache
 [[ -z $REHEARSE ]] && export BESSEMER_KERNEL_CACHE=${BESSEMER_KERNEL_CACHE:-$PWD/.cache/kernels}
 mkdir -p "$OUT" "$WORK"
@@ -70,9 +72,10 @@ echo "check.sh: install took $(( $(date +%s) - t ))s"
 left=$(( TOTAL_S - ($(date +%s) - start) ))
 (( left > 60 )) || die "only ${left}s left after the install"
 rc=0
-timeout --kill-after=10 $(( left - 5 )) python tests/gpu/check.py --out "$OUT" --work "$WORK" --budget-s $(( left - 25 )) $REHEARSE || rc=$?
+timeout --kill-after=10 $(( left - 5 )) python tests/gpu/check.py --out "$OUT" --work "$WORK" --budget-s $(( left - 25 )) $REHEARSE "$@" || rc=$?
 if (( rc == 124 || rc == 137 )); then
-  echo "check.sh: stopped at the ${TOTAL_S}s mark; $OUT/results.json holds the stages that finished"
+  echo "check.sh: stopped at the ${TOTAL_S}s mark; $OUT/results.json holds the stages that finished:"
+  [[ -f $OUT/results.json ]] && python tests/gpu/report.py "$OUT/results.json"
 fi
 echo "check.sh: finished in $(( $(date +%s) - start ))s, exit $rc"
 exit $rc

@@ -5,6 +5,10 @@ host times), and comparisons run on the fake driver's output say "fake driver"."
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 
 def _get(results: dict, path: str):
     node = results["stages"]
@@ -103,9 +107,9 @@ def summary_table(results: dict) -> str:
         if speedup is not None or stage != "hf-compiled-1b":
             row(label + " (x)", speedup, ".2f", "> 1", speedup is not None and speedup > 1, f"{stage}.engine_speedup")
     for stage, node in results["stages"].items():
-        if "error" in node or "skipped" in node:
-            rows.append((f"stage {stage}", "FAILED" if "error" in node else "skipped", "",
-                         (node.get("error") or node.get("skipped"))[:60]))
+        for key, word in (("error", "FAILED"), ("cut", "CUT"), ("skipped", "skipped")):
+            if key in node:
+                rows.append((f"stage {stage}", word, "", node[key][:70]))
     width = [max(len(str(r[i])) for r in rows + [("metric", "value", "target", "status")]) for i in range(4)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(("metric", "value", "target", "status"), width))]
     lines.append("  ".join("-" * w for w in width))
@@ -113,3 +117,8 @@ def summary_table(results: dict) -> str:
     title = ("GPU check REHEARSAL on CPU (tiny shapes; 'no GPU' and 'fake driver' figures mean nothing)"
              if results.get("rehearsal") else "GPU check")
     return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":  # the table of a results.json (check.sh, after a run was killed)
+    results = json.loads(Path(sys.argv[1]).read_text())
+    print(summary_table(results))
