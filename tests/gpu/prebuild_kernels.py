@@ -55,6 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.fake_driver:
         os.environ["BESSEMER_LIBCUDA"] = str(args.fake_driver.resolve())
+        os.environ.setdefault("BESSEMER_FAKE_CUDA_MEMORY_MIB", "143771")  # an H200's (host memory backs it)
     os.environ.setdefault("BESSEMER_KERNEL_CACHE", str(HERE.parents[1] / ".cache" / "kernels"))
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
