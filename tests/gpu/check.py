@@ -55,7 +55,7 @@ SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), pr
 INTERPRETED = ("135m",)  # rehearsal: models whose comparisons run on interpreted logits
 # seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
 # a name is enough: "correctness" covers correctness-135m and correctness-1b
-LIMITS = {"environment": 30, "checkpoints": 150, "builds": 240, "correctness": 60, "decode": 45, "prefill": 45,
+LIMITS = {"environment": 30, "checkpoint": 90, "build": 200, "correctness": 60, "decode": 45, "prefill": 45,
           "throughput": 90, "hf-eager": 60, "hf-compiled": 180}
 
 
@@ -241,35 +241,26 @@ class Check:
                                 "errors": [line for line in run.stderr.splitlines() if "static assert" in line][:5]}
         return out
 
-    def checkpoints(self) -> dict:
-        out = {}
-        for name, shape in self.shapes.items():
-            t = time.perf_counter()
-            path = self.work / f"hf-{name}"
-            self.hf[name] = models.make_checkpoint(shape, path, self.device)
-            params = sum(p.numel() for p in self.hf[name].parameters())
-            out[name] = {"params": params, "seconds": round(time.perf_counter() - t, 1),
-                         "gib": round(sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**30, 2)}
-            self.say(f"checkpoint {name}: {params / 1e6:.1f}M parameters in {out[name]['seconds']}s")
-        return out
+    def checkpoint(self, name: str) -> dict:
+        """A random bf16 checkpoint at the shape, made on the device and saved; the model
+        stays on the device for the HF references and baselines."""
+        path = self.work / f"hf-{name}"
+        self.hf[name] = models.make_checkpoint(self.shapes[name], path, self.device)
+        params = sum(p.numel() for p in self.hf[name].parameters())
+        self.say(f"checkpoint {name}: {params / 1e6:.1f}M parameters")
+        return {"params": params, "gib": round(sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**30, 2)}
 
-    def builds(self) -> dict:
+    def build(self, name: str) -> dict:
         from bessemer.builder.build import build_engine
         from bessemer.builder.config import BuildConfig
 
-        out = {}
-        for name in self.shapes:
-            t = time.perf_counter()
-            shutil.rmtree(self.work / f"engine-{name}", ignore_errors=True)  # a previous run's
-            options = dict(ENGINES[name], **({"max_seq_len": 1024, "max_num_tokens": 512} if self.rehearse else {}))
-            engine = build_engine(self.work / f"hf-{name}", self.work / f"engine-{name}",
-                                  BuildConfig(target="cuda", dtype="bfloat16", **options), progress=self.say)
-            report = json.loads((engine / "build_report.json").read_text())
-            out[name] = {"seconds": round(time.perf_counter() - t, 1), "options": options,
-                         "engine_gib": round(sum(f.stat().st_size for f in engine.iterdir()) / 2**30, 2),
-                         "kernels": {k: report["kernels"][k] for k in ("distinct", "compiled", "from_cache", "seconds")}}
-            self.say(f"engine {name}: built in {out[name]['seconds']}s")
-        return out
+        shutil.rmtree(self.work / f"engine-{name}", ignore_errors=True)  # a previous run's
+        options = dict(ENGINES[name], **({"max_seq_len": 1024, "max_num_tokens": 512} if self.rehearse else {}))
+        engine = build_engine(self.work / f"hf-{name}", self.work / f"engine-{name}",
+                              BuildConfig(target="cuda", dtype="bfloat16", **options), progress=self.say)
+        report = json.loads((engine / "build_report.json").read_text())
+        return {"options": options, "engine_gib": round(sum(f.stat().st_size for f in engine.iterdir()) / 2**30, 2),
+                "kernels": {k: report["kernels"][k] for k in ("distinct", "compiled", "from_cache", "seconds")}}
 
     def correctness(self, name: str) -> dict:
         vocab, sizes = self.shapes[name]["vocab_size"], self.sizes
@@ -369,24 +360,28 @@ class Check:
     def run(self) -> int:
         s = self.stage
         s("environment", self.environment, 5)
-        s("checkpoints", self.checkpoints, 40, needs=("environment",))
-        s("builds", self.builds, 90, needs=("checkpoints",))
+        # per model, the small ones first: a slow 8B checkpoint or build costs only the 8B stages
+        for name, ckpt_s, build_s in (("135m", 5, 10), ("1b", 10, 20)):
+            s(f"checkpoint-{name}", lambda n=name: self.checkpoint(n), ckpt_s, needs=("environment",))
+            s(f"build-{name}", lambda n=name: self.build(n), build_s, needs=(f"checkpoint-{name}",))
         for name in ("135m", "1b"):
-            s(f"correctness-{name}", lambda n=name: self.correctness(n), 25, needs=("builds",))
-        s("decode-135m", lambda: self.decode("135m"), 15, needs=("builds",))
+            s(f"correctness-{name}", lambda n=name: self.correctness(n), 25, needs=(f"build-{name}",))
+        s("decode-135m", lambda: self.decode("135m"), 15, needs=("build-135m",))
         self.release("135m")
-        s("decode-8b", lambda: self.decode("8b"), 30, needs=("builds",))
-        s("prefill-8b", lambda: self.prefill("8b", 2048), 25, needs=("builds",))
-        s("throughput-8b", lambda: self.throughput("8b"), 60, needs=("builds",))
+        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",))
+        s("build-8b", lambda: self.build("8b"), 60, needs=("checkpoint-8b",))
+        s("decode-8b", lambda: self.decode("8b"), 30, needs=("build-8b",))
+        s("prefill-8b", lambda: self.prefill("8b", 2048), 25, needs=("build-8b",))
+        s("throughput-8b", lambda: self.throughput("8b"), 60, needs=("build-8b",))
         self.release("8b")
-        s("hf-eager-8b", lambda: self.hf_baseline("8b", compiled=False), 40, needs=("checkpoints", "decode-8b"))
-        s("decode-1b", lambda: self.decode("1b"), 15, needs=("builds",))
+        s("hf-eager-8b", lambda: self.hf_baseline("8b", compiled=False), 40, needs=("decode-8b",))
+        s("decode-1b", lambda: self.decode("1b"), 15, needs=("build-1b",))
         self.release("1b")
         # torch.compile takes minutes on the 8B model: that shape if the time allows, else 1B
-        big = self.left() > 200
+        big = self.left() > 200 and "decode-8b" not in self.failed
         name = "8b" if big else "1b"
         s(f"hf-compiled-{name}", lambda: self.hf_baseline(name, compiled=True), 150 if big else 80,
-          needs=("checkpoints", f"decode-{name}"))
+          needs=(f"decode-{name}",))
         self.results["summary"] = summary_table(self.results)
         self.save()
         print(self.results["summary"])
@@ -397,7 +392,7 @@ class Check:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="results.json and the log")
-    ap.add_argument("--work", type=Path, required=True, help="checkpoints and engines (~40 GB for the real shapes)")
+    ap.add_argument("--work", type=Path, required=True, help="checkpoints and engines (~35 GiB for the real shapes)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="time for every stage together")
     ap.add_argument("--rehearse", action="store_true", help="CPU, tiny shapes, fake driver")
     ap.add_argument("--stage-limit", action="append", default=[], metavar="NAME=S",

@@ -20,8 +20,9 @@ pytest.importorskip("transformers")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-STAGES = ["environment", "checkpoints", "builds", "correctness-135m", "correctness-1b", "decode-135m", "decode-8b",
-          "prefill-8b", "throughput-8b", "hf-eager-8b", "decode-1b"]
+STAGES = ["environment", "checkpoint-135m", "build-135m", "checkpoint-1b", "build-1b", "correctness-135m",
+          "correctness-1b", "decode-135m", "checkpoint-8b", "build-8b", "decode-8b", "prefill-8b", "throughput-8b",
+          "hf-eager-8b", "decode-1b"]
 
 
 def _env(**extra) -> dict:
@@ -44,7 +45,7 @@ def test_rehearsal_runs_every_stage_and_reports_what_a_cpu_cannot_measure(tmp_pa
         assert name in stages and "error" not in stages[name] and "skipped" not in stages[name], (name, stages.get(name))
     env = stages["environment"]
     assert env["bessemer_device"] and all(h["pass"] for h in env["header_conformance"].values())
-    assert stages["builds"]["135m"]["kernels"]["distinct"] > 10
+    assert stages["build-135m"]["kernels"]["distinct"] > 10
     # the 135m comparisons ran on logits the engine's launch list computed (interpreter) and hold
     c = stages["correctness-135m"]
     assert c["computed_by"].startswith("triton interpreter")
@@ -90,16 +91,17 @@ def _check_py(tmp_path, fake_driver, *args) -> tuple[subprocess.CompletedProcess
 
 
 def test_a_budget_too_short_skips_stages_and_still_writes_the_results(tmp_path, fake_driver):
-    run, stages = _check_py(tmp_path, fake_driver, "--budget-s", "30")
+    run, stages = _check_py(tmp_path, fake_driver, "--budget-s", "5.5")
     assert "error" not in stages["environment"] and "skipped" not in stages["environment"]
-    assert "s left, the stage needs" in stages["checkpoints"]["skipped"]
-    assert stages["builds"]["skipped"] == "needs checkpoints, which did not complete"
-    assert all("skipped" in stages[name] for name in STAGES[2:])
-    assert re.search(r"stage checkpoints +skipped", run.stdout) and "SKIPPED (only" in run.stdout
+    assert "s left, the stage needs" in stages["checkpoint-135m"]["skipped"]
+    assert stages["build-135m"]["skipped"] == "needs checkpoint-135m, which did not complete"
+    assert all("skipped" in stages[name] for name in STAGES[1:])
+    assert re.search(r"stage checkpoint-135m +skipped", run.stdout) and "SKIPPED (only" in run.stdout
 
 
 def test_a_stage_past_its_limit_is_cut_and_the_run_goes_on(tmp_path, fake_driver):
-    run, stages = _check_py(tmp_path, fake_driver, "--stage-limit", "checkpoints=0.05")
-    assert stages["checkpoints"]["cut"] == "ran past its 0.05s limit" and stages["checkpoints"]["seconds"] < 30
-    assert stages["builds"]["skipped"] == "needs checkpoints, which did not complete"
-    assert "stage checkpoints: CUT after" in run.stdout and re.search(r"stage checkpoints +CUT", run.stdout)
+    run, stages = _check_py(tmp_path, fake_driver, "--stage-limit", "checkpoint=0.05")
+    for name in ("135m", "1b", "8b"):
+        assert stages[f"checkpoint-{name}"]["cut"] == "ran past its 0.05s limit", stages[f"checkpoint-{name}"]
+        assert stages[f"build-{name}"]["skipped"] == f"needs checkpoint-{name}, which did not complete"
+    assert "stage checkpoint-135m: CUT after" in run.stdout and re.search(r"stage checkpoint-1b +CUT", run.stdout)
