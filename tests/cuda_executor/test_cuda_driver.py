@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fake_driver import CSRC, HERE, cuda_header_dir
+# the fake driver's fixtures (imported here, not in a conftest.py: a second module named
+# conftest would shadow tests/conftest.py for the tests that import from it)
+from fake_driver import fake_cuda, fake_libcuda, tiny_cubin  # noqa: F401
 
 from bessemer.cli.main import main as cli
 from bessemer.errors import DeviceError

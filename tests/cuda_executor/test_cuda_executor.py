@@ -17,6 +17,9 @@ import sys
 import numpy as np
 import pytest
 from fake_driver import HERE
+# the fake driver's fixtures (imported here, not in a conftest.py: a second module named
+# conftest would shadow tests/conftest.py for the tests that import from it)
+from fake_driver import fake_cuda, fake_libcuda, tiny_cubin  # noqa: F401
 from launches import PointerMap, from_fake_log
 
 from bessemer.errors import DeviceError, InvalidOptionError, RequestError
