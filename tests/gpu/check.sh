@@ -63,16 +63,19 @@ echo "check.sh: work $WORK ($free_gib GiB free)"
 # 1. install: compiles bessemer._C and bessemer._cuda against this Python. A rehearsal never
 # reinstalls (that would repoint this machine's install): it builds the extensions in place.
 t=$(date +%s)
+in_place() {  # the extensions built in this tree, found through PYTHONPATH
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  python -c "import bessemer._C, bessemer._cuda" 2>/dev/null && return 0
+  python setup.py build_ext --inplace -q >> "$OUT/install.log" 2>&1 || die "build_ext failed (see $OUT/install.log)"
+}
 if [[ -z $REHEARSE ]]; then
-  if ! pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1; then
+  if ! python -m pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1; then
     tail -n 20 "$OUT/install.log"
-    die "pip install failed (see $OUT/install.log)"
+    echo "check.sh: pip install failed (see $OUT/install.log); building the extensions in place instead"
+    in_place
   fi
 else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-  if ! python -c "import bessemer._C, bessemer._cuda" 2>/dev/null; then
-    python setup.py build_ext --inplace -q > "$OUT/install.log" 2>&1 || die "build_ext failed (see $OUT/install.log)"
-  fi
+  in_place
 fi
 python -c "import bessemer._C, bessemer._cuda" || die "the installed package does not import"
 echo "check.sh: install took $(( $(date +%s) - t ))s"
