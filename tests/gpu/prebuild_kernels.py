@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def serve_on_fake_driver(engine: Path, vocab: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=Path("/tmp/bessemer-prebuild"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bessemer-prebuild")
     ap.add_argument("--only", default="135m,1b,8b")
     ap.add_argument("--fake-driver", type=Path, help="the fake libcuda.so.1: load and step each engine on it")
     args = ap.parse_args()
