@@ -116,7 +116,8 @@ def summary_table(results: dict) -> str:
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, width)) for r in rows]
     title = ("GPU check REHEARSAL on CPU (tiny shapes; 'no GPU' and 'fake driver' figures mean nothing)"
              if results.get("rehearsal") else "GPU check")
-    return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines)
+    times = ", ".join(f"{stage} {node['seconds']:.0f}" for stage, node in results["stages"].items() if "seconds" in node)
+    return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines) + f"\nstage seconds: {times}"
 
 
 if __name__ == "__main__":  # the table of a results.json (check.sh, after a run was killed)
