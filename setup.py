@@ -1,9 +1,14 @@
-"""Packaging only: metadata, console scripts and the one C++ extension (bessemer._C)."""
+"""Packaging only: metadata, console scripts and the two C++ extensions: bessemer._C (the cpu
+target) and bessemer._cuda (the cuda target's executor, built everywhere: it loads the CUDA
+driver with dlopen at run time, so it needs no CUDA headers or libraries to build or import)."""
 
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# Compile the extensions' sources in parallel (BESSEMER_BUILD_JOBS, default: every core).
+ParallelCompile("BESSEMER_BUILD_JOBS", default=0).install()
 
 # AVX2+FMA is the baseline ISA of the cpu target; AVX-512 kernels are compiled in files
 # that enable it with `#pragma GCC target` and are chosen at run time (cpu_features()).
@@ -19,6 +24,14 @@ ext = Pybind11Extension(
     include_dirs=["bessemer/format/csrc", "bessemer/targets/cpu/csrc", "bessemer/targets/cpu/csrc/kernels"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
+)
+
+cuda_ext = Pybind11Extension(
+    "bessemer._cuda",
+    sorted(glob("bessemer/targets/cuda/csrc/*.cpp")),
+    include_dirs=["bessemer/targets/cuda/csrc"],
+    extra_compile_args=["-O2", "-std=c++17", "-Wall"],
+    libraries=["dl"],
 )
 
 setup(
@@ -42,8 +55,11 @@ setup(
         "mpi": ["openmpi", "mpi4py"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],
+        # --target cuda: Triton compiles the kernels to cubins ahead of time (no GPU needed);
+        # pinned so cubins built anywhere match what the GPU machine's tools expect
+        "cuda": ["triton==3.6.0"],
     },
-    ext_modules=[ext],
+    ext_modules=[ext, cuda_ext],
     cmdclass={"build_ext": build_ext},
     entry_points={
         "console_scripts": [

@@ -23,3 +23,8 @@ class RequestError(BessemerError):
 
 class TensorParallelError(BessemerError):
     """A rank of a tensor-parallel engine died, hung or failed; the engine is stopped."""
+
+
+class DeviceError(BessemerError):
+    """No usable GPU: no CUDA driver, no device, a driver too old, or a GPU of another
+    architecture than the engine's."""

@@ -15,6 +15,10 @@ import pytest
 
 from bessemer.datasets import wikitext2_valid
 
+# The Triton-interpreter tests run only in their own process, started with TRITON_INTERPRET=1
+# by tests/test_cuda_interpreter.py (kernels compiled ahead of time cannot share it).
+collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["cuda_interpreter"]
+
 WIKITEXT = wikitext2_valid()  # ships in the package: a fresh clone has everything it needs
 
 TINY_BASE = dict(hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
@@ -139,3 +143,35 @@ def calibration_text(tmp_path_factory) -> Path:
 def pytest_configure(config):
     # Torch and the engine share the 2 cores; keep torch from oversubscribing them.
     os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """One cuda kernel cache for the session (and the interpreter child processes, which
+    inherit it): hermetic, and every distinct kernel is compiled once per run."""
+    path = os.environ.get("BESSEMER_KERNEL_CACHE")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("kernel-cache"))
+        os.environ["BESSEMER_KERNEL_CACHE"] = path
+    return path
+
+
+@pytest.fixture(scope="session")
+def cuda_engine(tiny_checkpoint, tmp_path_factory, kernel_cache):
+    """Tiny cuda engines built through the public API (kernels compiled once per session)."""
+    pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    built: dict[tuple, Path] = {}
+
+    def get(kind: str, **options) -> Path:
+        options = {"dtype": "bfloat16", "kv_block_size": 4, "max_num_tokens": 24, "max_seq_len": 128, **options}
+        key = (kind, tuple(sorted(options.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"cuda-engine-{kind}") / "engine"
+            build_engine(tiny_checkpoint(kind), out, BuildConfig(target="cuda", **options))
+            built[key] = out
+        return built[key]
+
+    return get

@@ -68,7 +68,7 @@ def fake_ckpt(tmp_path):
 BAD_ENTRIES = [
     ({"qant": "w8a16"}, "engines[0] (e): unknown field 'qant'; known: build, gates, name, source"),
     ({"build": {"dtyp": "float32"}}, "engines[0] (e): unknown field 'build.dtyp'; known:"),
-    ({"build": {"dtype": "float16"}}, "engines[0] (e): build: --dtype 'float16' is not supported"),
+    ({"build": {"dtype": "float64"}}, "engines[0] (e): build: --dtype 'float64' is not supported"),
     ({"build": {"max_seq_len": "long"}}, "build.max_seq_len must be a positive integer, got 'long'"),
     ({"build": {"max_batch_size": True}}, "build.max_batch_size must be a positive integer, got True"),
     ({"build": {"group_size": 64}}, "build.group_size needs build.quant"),

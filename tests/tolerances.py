@@ -159,3 +159,23 @@ KVQ_GREEDY_TIE_MARGIN = 0.05
 # KV cache: int8 the issue's target (+0.5%), fp8 a loose bound (3 mantissa bits).
 KVQ_INT8_PPL_REL = 5e-3
 KVQ_FP8_PPL_REL = 3e-2
+
+# ---- cuda target: Triton kernels under the interpreter (tests/cuda_interpreter) ----
+# Against float64 references on the same (bf16/fp16-rounded) inputs. A kernel computes in
+# fp32 and rounds its output once to the activation dtype: at most half an ulp, i.e. this
+# fraction of |ref| (bf16: 8 significant bits, fp16: 11) ...
+CUDA_OUTPUT_ROUNDING = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+# ... plus fp32 arithmetic (sums over <= a few thousand terms, exp, rsqrt, cos/sin), as a
+# fraction of max|ref|.
+CUDA_FP32_RTOL = 1e-5
+# Attention also rounds the softmax probabilities to the activation dtype for the P.V
+# tensor-core product (flash-attention does): each p_j moves by at most the rounding
+# fraction above, so the output moves by at most that fraction of max|v| (sum of p_j = 1).
+# gemm with an fp32 output (the logits): fp32 accumulation only, norm-relative.
+CUDA_GEMM_FP32_RTOL = 1e-5
+# Whole cuda plan of a tiny model run through the interpreter (bf16 weights, activations and
+# KV cache) vs HF fp32: its error may be at most this factor times HF bf16's error (HF keeps
+# fewer values in fp32: its bf16 matmuls round every output, its norms and RoPE round inside).
+CUDA_BF16_ERROR_RATIO = 2.0
+# Greedy tokens may part from HF fp32's only where HF's top-2 logits are closer than the
+# engine's own measured error bound (see test_cuda_plans.py) ...

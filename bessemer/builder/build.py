@@ -27,7 +27,6 @@ from bessemer.builder.pipeline import run_passes
 from bessemer.builder.weights import WeightSource
 from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
-from bessemer.format.layouts import packed_nbytes
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 from bessemer.targets import get_target
@@ -103,7 +102,6 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     cfg = family.config_from_hf(ckpt.config)
     graph, applied, lowered = _rank_graph(family, cfg, ckpt, build, model_dir, None)
     specs = lowered.tensors
-    total = sum(packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
 
@@ -111,18 +109,24 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         done[0] += nbytes
         done[1] += 1
         if done[1] % 20 == 0 or done[0] == total:
-            say(f"{prefix}packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
+            say(f"{prefix}packing weights: {done[1]}/{len(entries)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
 
+    target = get_target(build.target)
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
-              **get_target(build.target).header_fields(build), "plan": lowered.plan}
+              **target.header_fields(build), "plan": lowered.plan}
     source = WeightSource(ckpt, graph.constants, calibration)
     entries = [container.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
+    kernels = target.kernel_section(lowered, build, say)  # compiled kernels, stored after the weights
+    if kernels is not None:
+        header.update(kernels.header)
+        entries += kernels.entries
+    total = sum(e.nbytes for e in entries)
     rank_file = tmp / f"rank{rank}.engine"
     digest = container.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
             "kernels": list(lowered.kernels), "applied": applied, "quant_error": source.quant_stats,
-            "seconds": round(time.perf_counter() - t, 3),
+            "seconds": round(time.perf_counter() - t, 3), "compiled_kernels": kernels.report if kernels else None,
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
                         for s in specs]}
@@ -223,6 +227,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                   "quant_error": quant_error,
                   "calibration": calibration.report if calibration else None,
                   "workers": min(workers, n),
+                  **({"kernels": ranks[0]["compiled_kernels"]} if ranks[0]["compiled_kernels"] else {}),
                   "ranks": [{"rank": i, "file": r["file"], "bytes": r["size"], "seconds": r["seconds"],
                              "peak_rss_mib": r["peak_rss_mib"]} for i, r in enumerate(ranks)],
                   "tensors": ranks[0]["tensors"]}

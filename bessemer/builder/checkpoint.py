@@ -118,7 +118,7 @@ class Checkpoint:
         else:
             raw = self._read_block(loc, np_dtype, size, sl)
         if loc.dtype == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32)
+            return _bf16_to_float32(raw)
         return raw.astype(np.float32)
 
     def _read_block(self, loc: TensorLocation, np_dtype, size: int, sl: tuple) -> np.ndarray:
@@ -143,3 +143,17 @@ class Checkpoint:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+BF16_CHUNK = 1 << 20  # elements per pass: no whole-tensor uint32 temporary
+
+
+def _bf16_to_float32(raw: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> fp32, exactly, in chunks."""
+    out = np.empty(raw.shape, dtype=np.float32)
+    src, dst = raw.reshape(-1), out.reshape(-1).view(np.uint32)
+    for i in range(0, src.size, BF16_CHUNK):
+        d = dst[i:i + BF16_CHUNK]
+        d[...] = src[i:i + BF16_CHUNK]
+        d <<= 16
+    return out

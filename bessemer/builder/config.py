@@ -6,12 +6,13 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.config import QuantConfig
-from bessemer.targets import target_names
+from bessemer.targets import get_target, target_names
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")  # float16: the cuda target's (each target checks its own)
 # KV cache element types: the float ones, or one-byte codes with dynamic per-(token, head)
 # scales (quantization/kv_cache.py).
 KV_CACHE_DTYPES = DTYPES + ("int8", "fp8")
+DEFAULT_GPU_ARCH = "sm_90"  # --target cuda without --gpu-arch
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class BuildConfig:
     tp_rank: int = 0  # the rank a per-rank pass builds for; set by build_engine, not serialized
     fuse: bool = True  # run the fusion passes (off only to debug a fusion)
     quant: QuantConfig | None = None  # serialized on its own, as config.json "quant"
+    gpu_arch: str | None = None  # --target cuda: the GPU the kernels are compiled for (None: sm_90)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -46,6 +48,11 @@ class BuildConfig:
             raise InvalidOptionError(f"--kv-block-size must be a power of two up to 1024, got {self.kv_block_size}")
         if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
             raise InvalidOptionError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank!r}")
+        get_target(self.target).check_build(self)
+
+    @property
+    def resolved_gpu_arch(self) -> str | None:
+        return (self.gpu_arch or DEFAULT_GPU_ARCH) if self.target == "cuda" else None
 
     @property
     def resolved_kv_dtype(self) -> str:
@@ -54,6 +61,9 @@ class BuildConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("quant")
+        d.pop("gpu_arch")
+        if self.target == "cuda":  # cpu engines' config.json stays as it was
+            d["gpu_arch"] = self.resolved_gpu_arch
         d.pop("tp_rank")  # config.json describes every rank; each rank file's header names its rank
         return d
 

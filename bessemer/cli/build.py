@@ -9,7 +9,7 @@ import click
 from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype",
-                "tp_size")
+                "tp_size", "target", "gpu_arch")
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
                "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
@@ -36,7 +36,12 @@ def _load_yaml(path: str) -> dict:
 @click.command(name="build-engine", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option("--output", "-o", type=click.Path(path_type=str), help="Engine directory to write.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), help="Weight (and KV cache) dtype. [default: float32]")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Weight (and KV cache) dtype; float16 is for --target cuda. [default: float32, cuda: bfloat16]")
+@click.option("--target", type=click.Choice(["cpu", "cuda"]),
+              help="What the engine runs on: cpu, or cuda (NVIDIA GPUs; kernels compiled ahead of time here, "
+                   "no GPU needed; needs pip install 'bessemer[cuda]'). [default: cpu]")
+@click.option("--gpu-arch", type=click.Choice(["sm_90"]), help="--target cuda: the GPU to compile for. [default: sm_90]")
 @click.option("--max-seq-len", type=int, help="Longest prompt+output a request may have. [default: min(model, 4096)]")
 @click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
 @click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
@@ -70,7 +75,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
-def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
+def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
          workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
          smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
@@ -80,7 +85,7 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
     options = _load_yaml(config_file) if config_file else {}
     from bessemer.quantization.config import QuantConfig
 
-    flags = dict(dtype=dtype, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
+    flags = dict(dtype=dtype, target=target, gpu_arch=gpu_arch, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
                  max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
                  tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
@@ -100,6 +105,8 @@ def main(model_dir, output, dtype, max_seq_len, max_batch_size, max_num_tokens, 
         fail(f"--{next(iter(quant_options)).replace('_', '-')} needs --quant MODE")
     if "exclude_modules" in quant_options:
         quant_options["exclude_modules"] = tuple(p.strip() for p in quant_options["exclude_modules"] if p.strip())
+    if options.get("target") == "cuda":
+        options.setdefault("dtype", "bfloat16")  # the cuda kernels' activation dtype
     build = BuildConfig(**options, quant=QuantConfig(mode, **quant_options) if mode else None)
     path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet), workers=workers)
     click.echo(str(path))

@@ -74,3 +74,26 @@ def speculative_config(speculative: str | None, draft_engine: str | None, num_to
     if draft_engine is not None:
         config["draft_engine"] = draft_engine
     return config
+
+
+def gpu_options(fn):
+    """The options of commands that load an engine, for cuda engines: --device,
+    --gpu-memory-utilization, --enforce-eager (the command receives them as parameters;
+    gpu_kwargs turns them into LLM arguments)."""
+    for option in reversed([
+        click.option("--device", type=int, default=None,
+                     help="cuda engines: the GPU to run on (an ordinal within CUDA_VISIBLE_DEVICES). [default: 0]"),
+        click.option("--gpu-memory-utilization", type=float, default=None,
+                     help="cuda engines: fraction of the GPU's memory this engine may use in all; the KV cache "
+                          "gets what the weights and activations leave. [default: 0.9]"),
+        click.option("--enforce-eager", is_flag=True, help="cuda engines: no CUDA graphs (every step launched)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def gpu_kwargs(device, gpu_memory_utilization, enforce_eager) -> dict:
+    """LLM keyword arguments for the options of gpu_options that were given."""
+    given = {"device": device, "gpu_memory_utilization": gpu_memory_utilization,
+             "enforce_eager": enforce_eager or None}
+    return {k: v for k, v in given.items() if v is not None}

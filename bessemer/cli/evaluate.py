@@ -6,7 +6,7 @@ import json
 
 import click
 
-from bessemer.cli.common import Progress, user_errors
+from bessemer.cli.common import Progress, gpu_kwargs, gpu_options, user_errors
 
 
 @click.command(name="eval", context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,16 +17,21 @@ from bessemer.cli.common import Progress, user_errors
 @click.option("--reference", type=click.Path(path_type=str), help="HF checkpoint to score the same way.")
 @click.option("--threads", type=int, default=None)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--kv-cache-gib", type=float, default=None,
+              help="KV-cache budget (cpu default 1; cuda default: --gpu-memory-utilization).")
+@gpu_options
 @click.option("--quiet", "-q", is_flag=True)
 @user_errors
-def main(engine_dir, dataset, context_len, max_tokens, reference, threads, as_json, quiet):
+def main(engine_dir, dataset, context_len, max_tokens, reference, threads, kv_cache_gib, device,
+         gpu_memory_utilization, enforce_eager, as_json, quiet):
     """Perplexity of an engine (and optionally of the HF checkpoint) on a text file."""
     from bessemer.runtime.evaluate import hf_scorer, perplexity, read_dataset, windows
     from bessemer.runtime.llm import LLM
 
     progress = Progress(quiet)
     text = read_dataset(dataset)
-    llm = LLM(engine_dir, num_threads=threads)
+    llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+              **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
     if context_len > llm.max_seq_len:
         raise click.UsageError(f"--context-len {context_len} exceeds the engine's max_seq_len {llm.max_seq_len}")
     wins = windows(llm.tokenizer.encode(text, add_special_tokens=False), context_len, max_tokens)

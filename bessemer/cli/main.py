@@ -25,15 +25,40 @@ main.add_command(artifacts.verify, name="verify")
 
 
 @main.command()
-@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.argument("engine_dir", type=click.Path(path_type=str), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--device", "show_device", is_flag=True,
+              help="Show the GPUs the CUDA driver sees (name, compute capability, memory), through the "
+                   "cuda executor's own driver handle.")
 @user_errors
-def inspect(engine_dir, as_json):
-    """Show an engine's config, versions, sizes, plan and kernels."""
-    from bessemer.runtime.inspect import describe, format_description
+def inspect(engine_dir, as_json, show_device):
+    """Show an engine's config, versions, sizes, plan and kernels (and/or the GPUs: --device)."""
+    from bessemer.errors import InvalidOptionError
 
-    info = describe(engine_dir)
-    click.echo(json.dumps(info, indent=2) if as_json else format_description(info))
+    if engine_dir is None and not show_device:
+        raise InvalidOptionError("give an ENGINE_DIR to inspect, or --device to show the GPUs")
+    info = {}
+    if engine_dir is not None:
+        from bessemer.runtime.inspect import describe
+
+        info = describe(engine_dir)
+    if show_device:
+        from bessemer.targets.cuda.device import device_report
+
+        info["device"] = device_report()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    text = []
+    if engine_dir is not None:
+        from bessemer.runtime.inspect import format_description
+
+        text.append(format_description(info))
+    if show_device:
+        from bessemer.targets.cuda.device import format_device_report
+
+        text.append(format_device_report(info["device"]))
+    click.echo("\n".join(text))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bessemer.cli.common import Progress, fail, speculative_config, speculative_options, user_errors
+from bessemer.cli.common import Progress, fail, gpu_kwargs, gpu_options, speculative_config, speculative_options, user_errors
 
 
 def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]:
@@ -43,11 +43,14 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--regex", default=None, help="Constrain the output to this regular expression.")
 @click.option("--grammar", default=None, help="Constrain the output to this grammar file (Lark or GBNF).")
 @speculative_options
+@click.option("--kv-cache-gib", type=float, default=None,
+              help="KV-cache budget (cpu default 1; cuda default: --gpu-memory-utilization).")
+@gpu_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,
          ignore_eos, stream, as_json, threads, json_schema, regex, grammar, speculative, draft_engine,
-         num_speculative_tokens, ngram_max, quiet):
+         num_speculative_tokens, ngram_max, kv_cache_gib, device, gpu_memory_utilization, enforce_eager, quiet):
     """Generate text with a Bessemer engine."""
     from bessemer.runtime.llm import LLM, SamplingParams
 
@@ -59,8 +62,9 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, json_schema=_read_schema(json_schema),
                             regex=regex, grammar=_read_text(grammar, "--grammar"))
     progress(f"loading engine {engine_dir}")
-    llm = LLM(engine_dir, num_threads=threads,
-              speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))
+    llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+              speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
+              **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
     progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
     if chat:
         token_ids = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]

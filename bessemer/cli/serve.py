@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bessemer.cli.common import fail, speculative_config, speculative_options, user_errors
+from bessemer.cli.common import fail, gpu_kwargs, gpu_options, speculative_config, speculative_options, user_errors
 
 
 @click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,7 +15,8 @@ from bessemer.cli.common import fail, speculative_config, speculative_options, u
 @click.option("--max-num-seqs", type=int, default=None, help="Sequences per step (at most the engine's).")
 @click.option("--max-num-tokens", type=int, default=None, help="Tokens per step (at most the engine's).")
 @click.option("--kv-cache-gib", type=float, default=None,
-              help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). [default: 1]")
+              help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). "
+                   "[default: cpu 1; cuda: --gpu-memory-utilization]")
 @click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
@@ -23,9 +24,11 @@ from bessemer.cli.common import fail, speculative_config, speculative_options, u
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @speculative_options
+@gpu_options
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level, speculative, draft_engine, num_speculative_tokens, ngram_max):
+         model_name, threads, log_level, speculative, draft_engine, num_speculative_tokens, ngram_max,
+         device, gpu_memory_utilization, enforce_eager):
     """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
@@ -44,4 +47,5 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
     run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
         kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache,
-        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))
+        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
+        **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))

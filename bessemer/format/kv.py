@@ -27,6 +27,7 @@ SCALES_DYNAMIC = "dynamic_per_token_head_float32"
 KV_DTYPES: tuple[KvDType, ...] = (
     KvDType("float32", 0),
     KvDType("bfloat16", 0),
+    KvDType("float16", 0),  # the cuda target's fp16 engines
     KvDType("int8", 4, SCALES_DYNAMIC),
     KvDType("float8_e4m3", 4, SCALES_DYNAMIC),
 )

@@ -194,3 +194,35 @@ def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_
         p /= p.sum(axis=1, keepdims=True)
         out[:, h] = p @ vh[:, h // group]
     return out.reshape(tq, -1).astype(np.float32)
+
+
+def ref_sample_rows(logits, temperature, top_k, top_p, uniform) -> np.ndarray:
+    """Token per row as the device sampler draws it (the cuda target's sample_kernel).
+
+    logits: (L, V); temperature, top_k, top_p, uniform: (L,). temperature <= 0: argmax
+    (first index). Else top-k keeps the logits >= the k-th largest (top_k <= 0 or >= V:
+    all); top-p keeps, of those, the logits >= the largest value t whose kept mass
+    (exp((x - max) / T) summed over x >= t) reaches top_p times the top-k mass; the draw is
+    the first token, in vocabulary order, whose cumulative kept mass exceeds uniform times
+    the kept mass (the last kept token if rounding leaves none). Ties are all kept.
+    """
+    out = np.empty(len(logits), dtype=np.int64)
+    for r, row in enumerate(np.asarray(logits, dtype=np.float32)):
+        if temperature[r] <= 0:
+            out[r] = int(np.argmax(row))
+            continue
+        x = row.astype(np.float64)
+        keep = np.ones(len(x), dtype=bool)
+        if 0 < top_k[r] < len(x):
+            keep = x >= np.sort(x)[-int(top_k[r])]
+        w = np.exp((x - x.max()) / float(temperature[r]))
+        if top_p[r] < 1:
+            target = float(top_p[r]) * w[keep].sum()
+            for t in np.unique(x[keep])[::-1]:  # candidate thresholds, largest first
+                if w[keep & (x >= t)].sum() >= target:
+                    keep &= x >= t
+                    break
+        w = np.where(keep, w, 0.0)
+        hits = np.flatnonzero(keep & (np.cumsum(w) > float(uniform[r]) * w.sum()))
+        out[r] = hits[0] if len(hits) else np.flatnonzero(keep)[-1]
+    return out

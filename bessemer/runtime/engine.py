@@ -29,6 +29,7 @@ class Engine:
     header: dict
     rank_path: Path
     target: Target
+    data_offset: int = 0  # where the rank file's tensor data starts (tensor offsets count from it)
 
     @property
     def model(self) -> dict:
@@ -81,7 +82,7 @@ class Engine:
         if verify_checksum and sha256_file(path) != entry["sha256"]:
             raise EngineLoadError(f"rank file {path} is corrupt (sha256 differs from config.json); rebuild the engine")
         try:
-            major, minor, header, _ = read_rank_header(path)
+            major, minor, header, data_offset = read_rank_header(path)
         except (ValueError, UnicodeDecodeError) as e:
             raise EngineLoadError(f"{e}; rebuild the engine") from None
         if major != SUPPORTED_FORMAT_MAJOR:
@@ -89,7 +90,7 @@ class Engine:
                                   f"runtime reads {SUPPORTED_FORMAT_MAJOR}.x; rebuild the engine")
         if not isinstance(header, dict) or "plan" not in header:
             raise EngineLoadError(f"rank file {path} has a corrupt header; rebuild the engine")
-        return cls(d, config, header, path, target)
+        return cls(d, config, header, path, target, data_offset)
 
     def create_executor(self, num_threads: int, num_kv_blocks: int, isa: str = "auto"):
         return self.target.create_executor(self, num_threads, num_kv_blocks, isa)

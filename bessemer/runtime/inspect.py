@@ -24,12 +24,14 @@ def describe(engine_dir: str | Path) -> dict:
         by_dtype = Counter()
         for t in header["tensors"]:
             by_dtype[t["dtype"]] += t["nbytes"]
+        steps = plan["forward"] if header.get("target") == "cuda" else plan["steps"]
         ranks.append({
             "file": entry["file"], "size_bytes": entry["size"], "sha256": entry["sha256"],
             "format": f"{major}.{minor}", "num_tensors": len(header["tensors"]),
-            "num_kernel_calls": len(plan["steps"]), "num_buffers": len(plan["buffers"]),
-            "kernel_calls": dict(Counter(f"{s['op']}@{s['version']}" for s in plan["steps"])),
+            "num_kernel_calls": len(steps), "num_buffers": len(plan["buffers"]),
+            "kernel_calls": dict(Counter(f"{s['op']}@{s.get('version', 1)}" for s in steps)),
             "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
+            **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]]} if "kernels" in header else {}),
         })
     report = d / "build_report.json"
     quant_error = {}
@@ -67,7 +69,30 @@ def format_description(info: dict) -> str:
                      f"{r['num_tensors']} tensors, {r['num_kernel_calls']} kernel calls, {r['num_buffers']} buffers")
         lines.append("  kernels     " + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernel_calls"].items())))
         lines.append(f"  sha256      {r['sha256']}")
+        lines += _kernel_lines(r.get("compiled_kernels") or [])
     return "\n".join(lines)
+
+
+def _kernel_row(k: dict) -> dict:
+    """One compiled kernel of a cuda engine, as inspect shows it."""
+    shape = {n: v for n, v in k["constexprs"].items() if n in ("N", "K", "BLOCK_M", "HEAD_DIM", "SLIDING_WINDOW", "V")}
+    return {"id": k["id"], "function": k["function"], "shape": shape, "arch": k["arch"],
+            "registers": k["ptxas"]["registers"], "shared_bytes": k["shared"], "num_warps": k["num_warps"],
+            "spill_bytes": k["ptxas"]["spill_store_bytes"] + k["ptxas"]["spill_load_bytes"],
+            "tensor_cores": ",".join(f"{op} x{n}" for op, n in sorted(k["tensor_core_ops"].items())) or "-",
+            "cubin_bytes": k["cubin_bytes"]}
+
+
+def _kernel_lines(kernels: list[dict]) -> list[str]:
+    if not kernels:
+        return []
+    lines = [f"  compiled    {len(kernels)} kernels (id function [shape] arch regs shared warps spills tensor-cores)"]
+    for k in kernels:
+        shape = ",".join(f"{n}={v}" for n, v in k["shape"].items())
+        lines.append(f"    {k['id']:3d} {k['function']:32s} [{shape}] {k['arch']} {k['registers']:3d} regs "
+                     f"{k['shared_bytes'] / 1024:6.1f} KiB {k['num_warps']:2d} warps spills {k['spill_bytes']} "
+                     f"{k['tensor_cores']}")
+    return lines
 
 
 def _quant_error_lines(quant_error: dict) -> list[str]:

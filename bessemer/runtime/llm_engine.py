@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 import numpy as np
 
 from bessemer.errors import InvalidOptionError, RequestError
 from bessemer.runtime.engine import Engine
-from bessemer.runtime.kv_cache import BlockManager, blocks_needed, pool_size
-from bessemer.runtime.model_runner import run_step
+from bessemer.runtime.kv_cache import BlockManager
+from bessemer.runtime.model_runner import run_step, run_step_sampled
 from bessemer.runtime.output_processor import OutputProcessor, eos_token_ids
 from bessemer.runtime.outputs import SequenceUpdate
 from bessemer.runtime.sampler import process_logits, sample, top_logprobs
@@ -38,6 +38,7 @@ from bessemer.runtime.speculative import SpeculativeConfig, make_proposer
 from bessemer.runtime.speculative.rejection import accept_greedy, accept_sampled
 from bessemer.runtime.structured import GrammarCompiler, MaskWorker, apply_mask
 from bessemer.runtime.tokenizer import Tokenizer
+from bessemer.targets import RunOptions
 
 
 @dataclass(frozen=True)
@@ -56,22 +57,19 @@ class EngineStats:
     num_accepted_tokens: int = 0  # ... and accepted by the target
 
 
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 class LLMEngine:
     def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
-                 speculative: SpeculativeConfig | str | dict | None = None):
+                 speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
+                 gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
+                 say: Callable[[str], None] | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
-        `speculative`: see runtime/speculative/config.py."""
+        A cuda engine runs on GPU `device` (default 0); its KV cache takes `kv_cache_gib`
+        or `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off.
+        `say` receives load progress. `speculative`: see runtime/speculative/config.py."""
         self.speculative = SpeculativeConfig.parse(speculative)
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
         self.tp_size = int(self.engine.config.get("mapping", {}).get("tp_size", 1))
@@ -81,10 +79,10 @@ class LLMEngine:
         self.max_batch_size = int(build["max_batch_size"])
         self.block_size = int(build["kv_block_size"])
         self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
-        self.num_threads = num_threads or max(1, default_threads() // self.tp_size)
-        self.num_kv_blocks = pool_size(self.engine.kv_bytes_per_token(), self.block_size, self.max_seq_len,
-                                       self.max_batch_size, kv_cache_gib)
-        self.executor = self._create_executor(isa, tp_timeout_s, verify_checksum)
+        opened = self.engine.target.open_executor(self.engine, RunOptions(
+            num_threads, kv_cache_gib, isa, tp_timeout_s, verify_checksum, device, gpu_memory_utilization,
+            enforce_eager, say))
+        self.executor, self.num_kv_blocks, self.num_threads = opened.executor, opened.num_kv_blocks, opened.num_threads
         self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)
         self._tokenizer: Tokenizer | None = None
@@ -102,14 +100,6 @@ class LLMEngine:
         if self.speculative is not None:
             self.proposer = make_proposer(self.speculative, self, kv_cache_gib=kv_cache_gib, isa=isa,
                                           verify_checksum=verify_checksum)
-
-    def _create_executor(self, isa: str, tp_timeout_s: float, verify_checksum: bool):
-        if self.tp_size > 1:
-            from bessemer.runtime import tp
-
-            return tp.start(self.engine, self.num_threads, self.num_kv_blocks, isa, tp_timeout_s, verify_checksum,
-                            max_blocks=blocks_needed(self.max_seq_len, self.block_size))
-        return self.engine.create_executor(self.num_threads, self.num_kv_blocks, isa)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when the
@@ -198,6 +188,10 @@ class LLMEngine:
             return []
         if self.proposer is not None:
             batch = self._add_drafts(batch)
+        if self._samples_on_device(batch):
+            sampled = run_step_sampled(self.executor, batch)
+            self.num_steps += 1
+            return self.postprocess(batch, None, False, sampled)
         masks = self._start_masks(batch)
         # run_step returns the last row of each completing chunk, or every row: ask for
         # every row when some chunk wants others (scoring; verifying draft tokens)
@@ -209,6 +203,23 @@ class LLMEngine:
                 masks.result()  # the masks' thread is idle again, even when the step failed
         self.num_steps += 1
         return self.postprocess(batch, logits, all_logits)
+
+    def _samples_on_device(self, batch: list[ScheduledChunk]) -> bool:
+        """Whether the executor's device sampler (temperature, top-k, top-p: a cuda engine's
+        logits never leave the GPU) gives every token of this step: not when a completing
+        sequence needs the logits on the host (penalties, min_p, logprobs, the min_tokens
+        mask, a grammar, drafts to verify, scoring)."""
+        if not getattr(self.executor, "samples_on_device", False):
+            return False
+        for c in batch:
+            seq, p = c.seq, c.seq.params
+            if seq.score is not None or seq.num_draft_tokens or c.num_logits > int(c.completes):
+                return False
+            if c.completes and (seq.grammar is not None or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                                or p.frequency_penalty != 0.0 or p.min_p != 0.0 or p.logprobs is not None
+                                or len(seq.output_token_ids) < p.min_tokens):
+                return False
+        return True
 
     def _add_drafts(self, batch: list[ScheduledChunk]) -> list[ScheduledChunk]:
         """Lets decode chunks verify draft tokens in this step. Only in steps of decode
@@ -246,9 +257,11 @@ class LLMEngine:
             self._masks = MaskWorker()
         return self._masks.start(jobs)
 
-    def postprocess(self, batch: list[ScheduledChunk], logits: np.ndarray, all_logits: bool) -> list[SequenceUpdate]:
+    def postprocess(self, batch: list[ScheduledChunk], logits: np.ndarray | None, all_logits: bool,
+                    sampled: np.ndarray | None = None) -> list[SequenceUpdate]:
         """logits: (rows, vocab), the last `num_logits` rows of each chunk (every row of
-        every chunk when `all_logits`)."""
+        every chunk when `all_logits`); or, when the device sampled, `sampled`: (rows,) the
+        token of each completing chunk."""
         now = time.perf_counter()
         updates = []
         row = 0
@@ -256,7 +269,8 @@ class LLMEngine:
             seq = chunk.seq
             num_logits = chunk.num_logits  # read before computed() moves the sequence on
             rows = chunk.num_tokens if all_logits else num_logits
-            chunk_logits = logits[row:row + rows]  # (rows, vocab)
+            chunk_logits = logits[row:row + rows] if sampled is None else None  # (rows, vocab)
+            chunk_sampled = sampled[row:row + rows] if sampled is not None else None
             row += rows
             if seq.score is not None:
                 self._record_scores(chunk, chunk_logits)
@@ -268,7 +282,10 @@ class LLMEngine:
             drafts, dists = seq.token_ids[len(seq.token_ids) - k:], seq.draft_dists
             del seq.token_ids[len(seq.token_ids) - k:]
             seq.num_draft_tokens, seq.draft_dists = 0, None
-            tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts, dists)
+            if chunk_sampled is not None:
+                tokens, entries = [int(chunk_sampled[-1])], None
+            else:
+                tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts, dists)
             update, reason = self.output_processor.append(seq, tokens, entries, now)
             self.scheduler.computed(chunk, num_rejected=k - (len(tokens) - 1))
             self.num_draft_tokens += k

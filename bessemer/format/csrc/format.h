@@ -61,6 +61,7 @@ struct KvDTypeInfo {
 inline constexpr KvDTypeInfo kKvDTypes[] = {
     {DT_F32, 0, ""},
     {DT_BF16, 0, ""},
+    {DT_F16, 0, ""},
     {DT_I8, 4, "dynamic_per_token_head_float32"},
     {DT_F8E4M3, 4, "dynamic_per_token_head_float32"},
 };

@@ -8,8 +8,10 @@ paths chosen at run time; weights pre-packed at build time for the kernels.
 
 from __future__ import annotations
 
-from bessemer.errors import EngineLoadError
-from bessemer.targets import LoweredRank, Target
+import os
+
+from bessemer.errors import EngineLoadError, InvalidOptionError
+from bessemer.targets import LoweredRank, OpenedExecutor, RunOptions, Target
 
 ISA_BASELINE = "avx2"
 # ISA name -> cpu_features() flags it needs
@@ -25,8 +27,21 @@ def native():
     return _C
 
 
+def _default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 class CpuTarget(Target):
     name = "cpu"
+
+    def check_build(self, build) -> None:
+        if build.gpu_arch is not None:
+            raise InvalidOptionError("--gpu-arch applies to --target cuda only; drop it or add --target cuda")
+        if build.dtype == "float16" or build.kv_cache_dtype == "float16":
+            raise InvalidOptionError("float16 is a --target cuda dtype; the cpu target stores float32 or bfloat16")
 
     def lower(self, graph, build, kv_cache: dict) -> LoweredRank:
         from bessemer.targets.cpu.lowering import lower
@@ -46,7 +61,31 @@ class CpuTarget(Target):
             raise EngineLoadError(f"engine needs CPU features {isa} ({', '.join(missing)} missing on this CPU); "
                                   "run it on an x86-64 CPU with AVX2 and FMA")
 
+    def open_executor(self, engine, options: RunOptions) -> OpenedExecutor:
+        """One process (or one per rank of a --tp engine, runtime/tp.py), the KV pool sized
+        by runtime/kv_cache.pool_size."""
+        from bessemer.runtime.kv_cache import blocks_needed, pool_size
+
+        if options.device is not None or options.gpu_memory_utilization is not None or options.enforce_eager:
+            raise InvalidOptionError("--device, --gpu-memory-utilization and --enforce-eager apply to cuda "
+                                     "engines; this engine's target is cpu")
+        build = engine.build
+        tp_size = int(engine.config.get("mapping", {}).get("tp_size", 1))
+        block_size, max_seq_len = int(build["kv_block_size"]), int(build["max_seq_len"])
+        threads = options.num_threads or max(1, _default_threads() // tp_size)
+        blocks = pool_size(engine.kv_bytes_per_token(), block_size, max_seq_len, int(build["max_batch_size"]),
+                           options.kv_cache_gib)
+        if tp_size > 1:
+            from bessemer.runtime import tp
+
+            executor = tp.start(engine, threads, blocks, options.isa, options.tp_timeout_s, options.verify_checksum,
+                                max_blocks=blocks_needed(max_seq_len, block_size))
+        else:
+            executor = self.create_executor(engine, threads, blocks, options.isa)
+        return OpenedExecutor(executor, blocks, threads)
+
     def create_executor(self, engine, num_threads: int, num_kv_blocks: int, isa: str = "auto"):
+        """The C++ executor of one rank file."""
         _C = native()
         try:
             file = _C.EngineFile(str(engine.rank_path))

@@ -127,6 +127,11 @@ void Executor::load_plan(const PlanDesc& plan) {
     info_.kv_heads = plan.kv.heads;
     info_.head_dim = plan.kv.head_dim;
     info_.kv_dtype = plan.kv.dtype;
+    // the contract's KV types include the cuda target's float16; the cpu kernels read these
+    if (plan.kv.dtype != DT_F32 && plan.kv.dtype != DT_BF16 && plan.kv.dtype != DT_I8 && plan.kv.dtype != DT_F8E4M3)
+        throw std::invalid_argument(std::string("KV cache dtype ") + dtype_info(plan.kv.dtype)->name +
+                                    " is not one the cpu target runs; rebuild the engine with --kv-cache-dtype "
+                                    "float32, bfloat16, int8 or fp8");
     info_.vocab_size = plan.vocab_size;
     logits_ = plan.logits;
     limits_.token_limit = info_.vocab_size;

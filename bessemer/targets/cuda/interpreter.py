@@ -1,0 +1,92 @@
+"""Running the cuda target's Triton kernels on CPU with the Triton interpreter.
+
+The interpreter (TRITON_INTERPRET=1, read when a kernel module is imported) executes
+`@triton.jit` functions with NumPy on CPU torch tensors. Triton 3.6's interpreter differs
+from the GPU in three ways this module fixes, so that what it computes is what the
+compiled kernels compute:
+- tl.dot on bf16 operands multiplies their 16-bit patterns as integers: operands are
+  widened to fp32 first (a tensor core multiplies bf16 exactly and accumulates in fp32);
+- fp32 -> bf16 conversion truncates (and its "round to nearest" loses the carry): the GPU
+  rounds to nearest even (cvt.rn.bf16.f32), which is what it does here now;
+- with NumPy >= 2.4 a loop bound or index loaded from memory fails to convert to int.
+And one guard: bf16 arithmetic, which it computes on bit patterns, raises instead of
+giving silent garbage (the kernels convert loads to fp32 before any arithmetic).
+
+enable() must run in a process whose TRITON_INTERPRET=1 was set before any kernel module
+was imported; AOT compilation (compile.py) cannot run in such a process, which is why
+it runs in worker processes started without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from bessemer.errors import BessemerError
+
+_MARK = "_bessemer_patched"
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def enable() -> None:
+    """Checks the process interprets Triton and installs the fixes (idempotent)."""
+    if not interpreting():
+        raise BessemerError("the Triton interpreter is off; set TRITON_INTERPRET=1 before starting Python "
+                            "to run cuda kernels on CPU")
+    from triton.runtime import interpreter as interp
+
+    if getattr(interp, _MARK, False):
+        return
+    import triton.language as tl
+
+    builder = interp.InterpreterBuilder
+    original_dot = builder.create_dot
+
+    def widened(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return interp.TensorHandle(_bf16_bits_to_f32(h.data), tl.float32)
+        return h
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    original_convert = interp._convert_float
+
+    def convert_float(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            return _f32_to_bf16_bits(np.asarray(data, dtype=np.float32))
+        return original_convert(data, src, dst, rounding_mode)
+
+    original_binary = builder.binary_op
+
+    def binary_op(self, lhs, rhs, op):
+        if lhs.dtype.scalar == tl.bfloat16 or rhs.dtype.scalar == tl.bfloat16:
+            raise TypeError("bf16 arithmetic in a kernel: the interpreter computes it on bit patterns; "
+                            "convert loads to fp32 first (.to(tl.float32))")
+        return original_binary(self, lhs, rhs, op)
+
+    original_patch_tensor = interp._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    builder.create_dot = create_dot
+    builder.binary_op = binary_op
+    interp._convert_float = convert_float
+    interp._patch_lang_tensor = patch_lang_tensor
+    setattr(interp, _MARK, True)
+
+
+def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    from bessemer.format.dtypes import to_bfloat16_bits
+
+    return to_bfloat16_bits(x).reshape(np.shape(x))

@@ -1,0 +1,14 @@
+"""Triton kernels of the cuda target, one module per op family.
+
+Conventions shared by every kernel (the cuda plan relies on them, see targets/cuda/plan.py):
+- Activations are bf16 or fp16 (the pointer's element type); every load is converted to
+  fp32 before arithmetic and every accumulation is fp32. (This is also what keeps the
+  Triton interpreter exact: it cannot do bf16 arithmetic.)
+- Sizes known when the engine is built (widths, row strides, head counts, tile sizes) are
+  constexprs; only per-step counts (rows, sequences) are runtime i32 parameters, so one
+  compiled kernel serves every step.
+- Row strides are in elements; a matrix view is (pointer to its first column, row stride).
+- The paged KV cache of one layer is [num_blocks, block_size, num_kv_heads, head_dim]:
+  element (slot, h, d) lives at (slot * num_kv_heads + h) * head_dim + d, where the slot
+  of position p of sequence s is block_tables[s, p // block_size] * block_size + p % block_size.
+"""

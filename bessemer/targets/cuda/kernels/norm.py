@@ -1,0 +1,42 @@
+"""RMSNorm and the fused residual add + RMSNorm, one program per row.
+
+The row fits one block (BLOCK = next power of two >= N), so x is read once. The fused
+kernel normalizes the residual sum as stored (rounded to the activation dtype), exactly
+what the next layer reads back, like HF's bf16 models.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, y_ptr, eps, weight_offset,
+                    N: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset); w: fp32 [N]. Grid: (rows,)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * X_STRIDE + cols, mask=mask, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(y_ptr + row * Y_STRIDE + cols, (x * inv * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, eps, weight_offset,
+                        N: tl.constexpr, X_STRIDE: tl.constexpr, RES_STRIDE: tl.constexpr,
+                        Y_STRIDE: tl.constexpr, RES_OUT_STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """res_out = x + res (may be res itself: each program reads its row before writing it);
+    y = rms_norm(res_out). Grid: (rows,)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * X_STRIDE + cols, mask=mask, other=0.0).to(tl.float32)
+    r = x + tl.load(res_ptr + row * RES_STRIDE + cols, mask=mask, other=0.0).to(tl.float32)
+    r_stored = r.to(res_out_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + row * RES_OUT_STRIDE + cols, r_stored, mask=mask)
+    r = r_stored.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(r * r, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(y_ptr + row * Y_STRIDE + cols, (r * inv * w).to(y_ptr.dtype.element_ty), mask=mask)

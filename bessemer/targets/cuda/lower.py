@@ -1,0 +1,302 @@
+"""Lowering for the cuda target: a verified Graph -> CudaPlan (plan.py) + the tensors to store.
+
+Memory planning is the cpu target's (builder/lower.plan_memory: views of reused buffers,
+split outputs as column views, in-place outputs); buffers hold the activation dtype, the
+logits fp32. Each op becomes launches of the kernels in kernels/ with the sizes of this
+model as constexprs; what differs from the cpu plan:
+- rope writes the rotated K and V of every row into the paged cache (the cpu target does
+  that inside attention), so attention reads K and V from the cache only;
+- attention is a flash prefill launch over the step's prefill tiles plus a split-K decode
+  launch and its reduction over the decode rows;
+- linear is a RowSwitch: one GEMM instantiation per bucket of M (tile configs below);
+- the plan ends with the device sampler (sample launches).
+"""
+
+from __future__ import annotations
+
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.graph import Graph, GraphError
+from bessemer.builder.lower import TensorSpec, plan_memory
+from bessemer.format.plan import ROWS_SELECTED
+from bessemer.errors import InvalidOptionError
+from bessemer.targets.cuda.compile import KernelSpec
+from bessemer.targets.cuda.plan import CudaPlan, Launch, RowSwitch
+
+K = "bessemer.targets.cuda.kernels."
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
+# GEMM tile configs by bucket of M (rows of the step), sm_90: (max rows, BLOCK_M, BLOCK_N,
+# BLOCK_K, num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on
+# the tiles are wgmma-sized (64 / 128 rows a warpgroup).
+GEMM_CONFIGS = ((16, 16, 64, 128, 4, 4), (64, 64, 64, 64, 4, 4), (None, 128, 128, 64, 8, 3))
+ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
+DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_seq_len, <= 16
+SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
+SUPPORTED_OPS = {"embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split",
+                 "rope", "attention"}
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Lowering:
+    """State of one lowering: views and buffers from the memory plan, the specs to store."""
+
+    def __init__(self, graph: Graph, build: BuildConfig):
+        self.graph, self.build, self.act = graph, build, build.dtype
+        self.view, buffers = plan_memory(graph)
+        logits_buffer = self.view[graph.output].buffer
+        if any(v.buffer == logits_buffer for name, v in self.view.items() if name != graph.output):
+            raise GraphError("the logits buffer is shared with another value; the cuda plan keeps it fp32")
+        self.buffers = [{"id": b.id, "rows": b.rows, "width": b.width,
+                         "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
+        self.tensors: dict[str, TensorSpec] = {}
+
+    # ---- arguments ----
+    def buf(self, value: str) -> tuple[dict, str, bool, int]:
+        """(arg, Triton pointer type, 16-byte aligned, row stride) of a value's view."""
+        v = self.view[value]
+        b = self.buffers[v.buffer]
+        return ({"buffer": v.buffer, "col": v.col}, "*" + TRITON_TYPES[b["dtype"]],
+                v.col * ELEM_BYTES[b["dtype"]] % 16 == 0, b["width"])
+
+    def rows(self, value: str) -> str:
+        return "selected" if self.graph.values[value].rows == ROWS_SELECTED else "tokens"
+
+    def weight(self, ref, dtype: str) -> dict:
+        if ref.name not in self.tensors:
+            self.tensors[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, "row_major",
+                                                slices=ref.slices)
+        return {"weight": ref.name}
+
+    # ---- one launch ----
+    def launch(self, node, family: str, function: str, grid, params: list, constexprs: dict,
+               num_warps: int = 4, num_stages: int = 2) -> Launch:
+        """node: the graph node (or (name, op)); params: (name, Triton type, arg, aligned)
+        per runtime parameter, in kernel order."""
+        name, op = node if isinstance(node, tuple) else (node.name, node.op)
+        spec = KernelSpec.make(K + family, function, [(n, t) for n, t, _, _ in params], constexprs,
+                               [n for n, t, _, ok in params if ok and t.startswith("*")], num_warps, num_stages)
+        return Launch(name, op, spec, tuple(grid), tuple(a for _, _, a, _ in params))
+
+    def value_param(self, name: str, value: str):
+        arg, ty, aligned, _ = self.buf(value)
+        return (name, ty, arg, aligned)
+
+    def stride(self, value: str) -> int:
+        return self.buf(value)[3]
+
+
+def _rows_grid(count: str, *rest) -> tuple:
+    return ((count, 1, 1),) + tuple(rest) + (1,) * (2 - len(rest))
+
+
+def _lower_embedding(lw: _Lowering, n) -> list:
+    (out,), table = n.outputs, n.weights[0]
+    hidden = table.shape[1]
+    block = min(1024, pow2(hidden))
+    return [lw.launch(n, "embedding", "embedding_kernel", _rows_grid("tokens", cdiv(hidden, block)), [
+        ("token_ids_ptr", "*i32", {"step": "token_ids"}, True),
+        ("table_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(table, lw.act), True),
+        lw.value_param("out_ptr", out)], dict(HIDDEN=hidden, OUT_STRIDE=lw.stride(out), BLOCK=block))]
+
+
+def _norm_constants(n, width: int) -> tuple[list, int]:
+    scalars = [("eps", "fp32", {"f32": float(n.attrs["eps"])}, False),
+               ("weight_offset", "fp32", {"f32": float(n.attrs.get("weight_offset", 0.0))}, False)]
+    return scalars, (8 if width > 4096 else 4)
+
+
+def _lower_rms_norm(lw: _Lowering, n) -> list:
+    (x,), (y,) = n.inputs, n.outputs
+    width = lw.graph.values[x].width
+    scalars, warps = _norm_constants(n, width)
+    return [lw.launch(n, "norm", "rms_norm_kernel", _rows_grid(lw.rows(x)), [
+        lw.value_param("x_ptr", x), ("w_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True),
+        lw.value_param("y_ptr", y), *scalars],
+        dict(N=width, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), BLOCK=pow2(width)), warps)]
+
+
+def _lower_add_rms_norm(lw: _Lowering, n) -> list:
+    (x, res), (y, res_out) = n.inputs, n.outputs
+    width = lw.graph.values[x].width
+    scalars, warps = _norm_constants(n, width)
+    return [lw.launch(n, "norm", "add_rms_norm_kernel", _rows_grid(lw.rows(x)), [
+        lw.value_param("x_ptr", x), lw.value_param("res_ptr", res),
+        ("w_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True),
+        lw.value_param("y_ptr", y), lw.value_param("res_out_ptr", res_out), *scalars],
+        dict(N=width, X_STRIDE=lw.stride(x), RES_STRIDE=lw.stride(res), Y_STRIDE=lw.stride(y),
+             RES_OUT_STRIDE=lw.stride(res_out), BLOCK=pow2(width)), warps)]
+
+
+def _lower_elementwise(lw: _Lowering, n) -> list:
+    (a, b), (out,) = n.inputs, n.outputs
+    width = lw.graph.values[out].width
+    block = min(1024, pow2(width))
+    names = ("gate", "up") if n.op == "silu_mul" else ("a", "b")
+    return [lw.launch(n, "elementwise", f"{n.op}_kernel", _rows_grid(lw.rows(out), cdiv(width, block)), [
+        lw.value_param(f"{names[0]}_ptr", a), lw.value_param(f"{names[1]}_ptr", b), lw.value_param("out_ptr", out)],
+        {"WIDTH": width, f"{names[0].upper()}_STRIDE": lw.stride(a), f"{names[1].upper()}_STRIDE": lw.stride(b),
+         "OUT_STRIDE": lw.stride(out), "BLOCK": block})]
+
+
+def _lower_gather_rows(lw: _Lowering, n) -> list:
+    (x,), (y,) = n.inputs, n.outputs
+    width = lw.graph.values[x].width
+    block = min(1024, pow2(width))
+    return [lw.launch(n, "embedding", "gather_rows_kernel", _rows_grid("selected", cdiv(width, block)), [
+        ("indices_ptr", "*i32", {"step": "logits_indices"}, True), lw.value_param("x_ptr", x),
+        lw.value_param("out_ptr", y)], dict(WIDTH=width, X_STRIDE=lw.stride(x), OUT_STRIDE=lw.stride(y), BLOCK=block))]
+
+
+def _lower_linear(lw: _Lowering, n) -> list:
+    (x,), (y,) = n.inputs, n.outputs
+    w = n.weights[0]
+    bias = n.weights[1] if len(n.weights) > 1 else None
+    big_n, big_k = w.shape
+    count = lw.rows(x)
+    params = [lw.value_param("x_ptr", x), ("w_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(w, lw.act), True),
+              ("bias_ptr", "*fp32", lw.weight(bias, "float32") if bias else {"null": True}, bias is not None),
+              lw.value_param("y_ptr", y), ("M", "i32", {"count": count}, False)]
+    cases = []
+    for max_rows, bm, bn, bk, warps, stages in GEMM_CONFIGS:
+        grid = ((count, bm, cdiv(big_n, bn)), 1, 1)
+        cases.append((max_rows, lw.launch(n, "gemm", "gemm_kernel", grid, params, dict(
+            N=big_n, K=big_k, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), HAS_BIAS=bias is not None,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8), warps, stages)))
+    return [RowSwitch(n.name, n.op, count, tuple(cases))]
+
+
+def _lower_rope(lw: _Lowering, n, attention) -> list:
+    """RoPE of q (in place) and k, with k and v written into the layer's cache."""
+    q, k = n.inputs
+    v = attention.inputs[2]
+    a = n.attrs
+    heads, kv_heads, d, r = (int(a[key]) for key in ("num_heads", "num_kv_heads", "head_dim", "rotary_dim"))
+    layer = int(attention.attrs["layer"])
+    return [lw.launch(n, "rope", "rope_kv_write_kernel", _rows_grid("tokens"), [
+        lw.value_param("q_ptr", q), lw.value_param("k_ptr", k), lw.value_param("v_ptr", v),
+        ("positions_ptr", "*i32", {"step": "positions"}, True),
+        ("slot_mapping_ptr", "*i32", {"step": "slot_mapping"}, True),
+        ("inv_freq_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True),
+        ("k_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "k", "layer": layer}, True),
+        ("v_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "v", "layer": layer}, True),
+        ("attention_scaling", "fp32", {"f32": float(a.get("attention_scaling", 1.0))}, False)],
+        dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, ROTARY_DIM=r, Q_STRIDE=lw.stride(q),
+             K_STRIDE=lw.stride(k), V_STRIDE=lw.stride(v), BLOCK_HEADS=pow2(heads), BLOCK_KV_HEADS=pow2(kv_heads),
+             BLOCK_HALF=pow2(r // 2), BLOCK_D=pow2(d)))]
+
+
+def attention_shape(n, build: BuildConfig) -> dict:
+    """Tile sizes of the attention launches of one layer (shared by the plan-level limits)."""
+    heads, kv_heads = int(n.attrs["num_heads"]), int(n.attrs["num_kv_heads"])
+    group = heads // kv_heads
+    block_m = max(ATTN_BLOCK_M, pow2(group))
+    splits = max(1, min(16, cdiv(build.max_seq_len, DECODE_MIN_KEYS_PER_SPLIT)))
+    return dict(group=group, block_m=block_m, tile_tokens=block_m // group, splits=splits)
+
+
+def _lower_attention(lw: _Lowering, n) -> list:
+    q, out = n.inputs[0], n.outputs[0]  # k and v went into the cache with the rope launch
+    a = n.attrs
+    heads, kv_heads, d, layer = (int(a[key]) for key in ("num_heads", "num_kv_heads", "head_dim", "layer"))
+    shape = attention_shape(n, lw.build)
+    act = "*" + TRITON_TYPES[lw.act]
+    cache = [("k_cache_ptr", act, {"kv": "k", "layer": layer}, True), ("v_cache_ptr", act, {"kv": "v", "layer": layer}, True),
+             ("block_tables_ptr", "*i32", {"step": "block_tables"}, True),
+             ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
+             ("context_lens_ptr", "*i32", {"step": "context_lens"}, True)]
+    scale = ("scale", "fp32", {"f32": float(a["scale"])}, False)
+    common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, Q_STRIDE=lw.stride(q),
+                  KV_BLOCK_SIZE=lw.build.kv_block_size, BLOCK_TABLE_STRIDE=cdiv(lw.build.max_seq_len, lw.build.kv_block_size),
+                  SLIDING_WINDOW=int(a.get("sliding_window", 0)), BLOCK_N=ATTN_BLOCK_N, BLOCK_D=pow2(d))
+    prefill = lw.launch(n, "attention", "attention_prefill_kernel", (("prefill_tiles", 1, 1), kv_heads, 1), [
+        lw.value_param("q_ptr", q), lw.value_param("out_ptr", out), *cache,
+        ("prefill_tiles_ptr", "*i32", {"step": "prefill_tiles"}, True), scale],
+        dict(common, OUT_STRIDE=lw.stride(out), TILE_TOKENS=shape["tile_tokens"], BLOCK_M=shape["block_m"]))
+    partials = ("partials_ptr", "*fp32", {"workspace": "attn_partials"}, True)
+    decode = lw.launch(n, "attention", "attention_decode_kernel", (("decode_seqs", 1, 1), kv_heads, shape["splits"]), [
+        lw.value_param("q_ptr", q), *cache, ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), partials, scale],
+        dict(common, NUM_SPLITS=shape["splits"], BLOCK_G=max(16, pow2(shape["group"]))), num_stages=3)
+    reduce = lw.launch(n, "attention", "attention_decode_reduce_kernel", (("decode_seqs", 1, 1), heads, 1), [
+        partials, ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
+        ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), lw.value_param("out_ptr", out)],
+        dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, OUT_STRIDE=lw.stride(out),
+             NUM_SPLITS=shape["splits"], BLOCK_SPLITS=pow2(shape["splits"]), BLOCK_D=pow2(d)))
+    return [prefill, decode, reduce]
+
+
+def _sample_launch(lw: _Lowering, logits: str) -> Launch:
+    vocab = lw.graph.values[logits].width
+    block = min(4096, pow2(vocab))
+    return lw.launch(("sampler", "sample"), "sampling", "sample_kernel", _rows_grid("selected"), [
+        lw.value_param("logits_ptr", logits), ("temperature_ptr", "*fp32", {"step": "temperature"}, True),
+        ("top_k_ptr", "*i32", {"step": "top_k"}, True), ("top_p_ptr", "*fp32", {"step": "top_p"}, True),
+        ("uniform_ptr", "*fp32", {"step": "uniform"}, True), ("tokens_ptr", "*i32", {"step": "sampled_tokens"}, True)],
+        dict(V=vocab, LOGITS_STRIDE=lw.stride(logits), BLOCK=block, SEARCH_STEPS=SAMPLE_SEARCH_STEPS),
+        num_warps=8 if block >= 2048 else 4)
+
+
+def _step_inputs(build: BuildConfig, tile_tokens: int) -> tuple:
+    t, s = build.max_num_tokens, build.max_batch_size
+    blocks = cdiv(build.max_seq_len, build.kv_block_size)
+    sizes = [("token_ids", t), ("positions", t), ("slot_mapping", t), ("cu_seqlens", s + 1), ("context_lens", s),
+             ("block_tables", s * blocks), ("logits_indices", t), ("prefill_tiles", 2 * (cdiv(t, tile_tokens) + s)),
+             ("decode_seqs", s), ("temperature", t), ("top_k", t), ("top_p", t), ("uniform", t), ("sampled_tokens", t)]
+    floats = {"temperature", "top_p", "uniform"}
+    return tuple({"name": n, "dtype": "float32" if n in floats else "int32", "elems": e} for n, e in sizes)
+
+
+LOWERINGS = {"embedding": _lower_embedding, "rms_norm": _lower_rms_norm, "add_rms_norm": _lower_add_rms_norm,
+             "add": _lower_elementwise, "silu_mul": _lower_elementwise, "gather_rows": _lower_gather_rows,
+             "linear": _lower_linear, "attention": _lower_attention}
+
+
+def check_supported(graph: Graph, build: BuildConfig) -> None:
+    for n in graph.nodes:
+        if n.op not in SUPPORTED_OPS:
+            raise InvalidOptionError(f"{n.name}: op {n.op} has no cuda kernel yet; build this model with --target cpu")
+        if any(w is not None and w.quant for w in n.weights):
+            raise InvalidOptionError("--target cuda does not run quantized weights yet; drop --quant")
+
+
+def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPlan, list[TensorSpec]]:
+    check_supported(graph, build)
+    lw = _Lowering(graph, build)
+    consumers = graph.consumers()
+    attentions = [n for n in graph.nodes if n.op == "attention"]
+    shapes = {tuple(sorted(attention_shape(n, build).items())) for n in attentions}
+    if len(shapes) > 1:
+        raise GraphError("attention layers differ in their head grouping; the cuda plan has one tile size")
+    shape = attention_shape(attentions[0], build) if attentions else dict(tile_tokens=1, splits=1, group=1)
+    rope_users = {c.name for n in graph.nodes if n.op == "rope" for c in consumers[n.outputs[0]]}
+    if any(n.name not in rope_users for n in attentions):
+        raise GraphError("every attention's q must come from a rope node (it writes the KV cache on cuda)")
+    if lw.rows(graph.output) != "selected" or lw.view[graph.output].col != 0:
+        raise GraphError("the logits must be a whole buffer of selected rows (gather_rows before lm_head)")
+    forward = []
+    for n in graph.nodes:
+        if n.op == "rope":
+            forward += _lower_rope(lw, n, consumers[n.outputs[0]][0])
+        elif n.op != "split":  # split outputs are column views: no launch
+            forward += LOWERINGS[n.op](lw, n)
+    kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
+    workspace = ({"name": "attn_partials", "dtype": "float32",
+                  "elems": build.max_batch_size * kv_heads * shape["splits"] * shape["group"] * (d + 2)},)
+    plan = CudaPlan(
+        act_dtype=lw.act,
+        limits={"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size,
+                "max_blocks_per_seq": cdiv(build.max_seq_len, build.kv_block_size),
+                "kv_block_size": build.kv_block_size},
+        buffers=tuple(lw.buffers), workspace=workspace, step_inputs=_step_inputs(build, shape["tile_tokens"]),
+        kv_cache=dict(model_kv, dtype=lw.act), attention={"tile_tokens": shape["tile_tokens"]},
+        forward=tuple(forward), sample=(_sample_launch(lw, graph.output),),
+        logits={"buffer": lw.view[graph.output].buffer, "width": graph.values[graph.output].width},
+        vocab_size=graph.values[graph.output].width)
+    order = graph.weight_names()
+    return plan, [lw.tensors[name] for name in order if name in lw.tensors]

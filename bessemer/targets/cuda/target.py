@@ -1,0 +1,64 @@
+"""The cuda target behind the Target interface (targets/__init__.py): what the builder and
+the runtime ask of it, delegated to the modules that do the work (lower.py, build.py for
+the kernel section, executor.py)."""
+
+from __future__ import annotations
+
+from bessemer.errors import InvalidOptionError
+from bessemer.targets import KernelSection, LoweredRank, OpenedExecutor, RunOptions, Target
+
+# activations, weights and KV cache in one 16-bit float type
+CUDA_DTYPES = ("bfloat16", "float16")
+
+
+class CudaTarget(Target):
+    name = "cuda"
+
+    # ---- builder ----
+    def check_build(self, build) -> None:
+        from bessemer.targets.cuda.compile import GPU_ARCHS
+
+        if build.dtype not in CUDA_DTYPES:
+            raise InvalidOptionError(f"--target cuda runs {' or '.join(CUDA_DTYPES)} kernels, not {build.dtype}; "
+                                     "pass --dtype bfloat16")
+        if build.kv_cache_dtype not in (None, build.dtype):
+            raise InvalidOptionError(f"--target cuda keeps the KV cache in --dtype ({build.dtype}); "
+                                     f"drop --kv-cache-dtype {build.kv_cache_dtype}")
+        if build.resolved_gpu_arch not in GPU_ARCHS:
+            raise InvalidOptionError(f"--gpu-arch {build.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
+        if build.quant is not None:
+            raise InvalidOptionError("--target cuda has no quantized kernels yet; drop --quant")
+        if build.tp_size != 1:
+            raise InvalidOptionError("--target cuda builds one rank for now; drop --tp")
+
+    def lower(self, graph, build, kv_cache: dict) -> LoweredRank:
+        from bessemer.targets.cuda.lower import lower_cuda
+
+        plan, specs = lower_cuda(graph, build, kv_cache)
+        return LoweredRank(plan.to_json(), tuple(plan.kernels()), tuple(specs),
+                           f"{len(plan.forward)} launches, {len(plan.buffers)} buffers", native=plan)
+
+    def kernel_section(self, lowered: LoweredRank, build, say) -> KernelSection:
+        from bessemer.targets.cuda.build import rank_kernel_section
+
+        header, entries, report = rank_kernel_section(lowered.native, build.resolved_gpu_arch, say)
+        return KernelSection(header, tuple(entries), report)
+
+    def header_fields(self, build) -> dict:
+        from bessemer.targets.cuda.build import config_fields
+
+        return config_fields(build.resolved_gpu_arch)
+
+    # ---- runtime ----
+    def open_executor(self, engine, options: RunOptions) -> OpenedExecutor:
+        """One GPU; the executor sizes the KV cache from the GPU's free memory."""
+        from bessemer.targets.cuda.executor import CudaExecutor
+
+        if options.isa != "auto":
+            raise InvalidOptionError(f"--isa {options.isa} applies to cpu engines; this engine's target is cuda")
+        executor = CudaExecutor(engine, options.device or 0, options.kv_cache_gib, options.gpu_memory_utilization,
+                                options.enforce_eager, options.say)
+        return OpenedExecutor(executor, executor.num_kv_blocks, 1)
+
+
+TARGET = CudaTarget()

@@ -1,0 +1,158 @@
+"""cuda kernels that work row by row, under the Triton interpreter, vs the op set's NumPy
+references (bessemer/plugins/ops.py) on the same rounded inputs: embedding, gather_rows,
+rms_norm, add_rms_norm, add, silu_mul, rope fused with the KV-cache write, and the GEMM.
+
+Shapes are small and ragged on purpose: widths that are not powers of two or tile
+multiples, views with row strides wider than their width, in-place outputs.
+"""
+
+import numpy as np
+import pytest
+
+from interp_support import assert_rounded_close, device_tensor, host, torch
+
+from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
+from bessemer.plugins import ops
+from bessemer.targets.cuda.kernels import elementwise, embedding, gemm, norm, rope
+
+DTYPES = ["bfloat16", "float16"]
+
+
+def rounded(x, dtype):
+    """x as the activation dtype stores it, back in float64."""
+    x = np.asarray(x, np.float32)
+    if dtype == "bfloat16":
+        return bfloat16_bits_to_float32(to_bfloat16_bits(x)).reshape(x.shape).astype(np.float64)
+    return x.astype(np.float16).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_and_gather_rows_copy_rows_exactly(dtype):
+    rng = np.random.default_rng(0)
+    table = device_tensor(rng.normal(size=(50, 40)), dtype)
+    ids = torch.tensor([3, 0, 49, 3, 17], dtype=torch.int32)
+    out = torch.zeros(5, 48, dtype=table.dtype)  # row stride 48 > width 40
+    embedding.embedding_kernel[(5, 3)](ids, table, out, HIDDEN=40, OUT_STRIDE=48, BLOCK=16)
+    assert torch.equal(out[:, :40], table[ids.long()])
+    assert not out[:, 40:].any()
+    picked = torch.zeros(2, 40, dtype=table.dtype)
+    rows = torch.tensor([4, 1], dtype=torch.int32)
+    embedding.gather_rows_kernel[(2, 1)](rows, out, picked, WIDTH=40, X_STRIDE=48, OUT_STRIDE=40, BLOCK=64)
+    assert torch.equal(picked, out[rows.long(), :40])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [88, 64])
+def test_rms_norm(dtype, width):
+    rng = np.random.default_rng(1)
+    x = device_tensor(3 * rng.normal(size=(5, width)), dtype)
+    w = torch.from_numpy(rng.normal(1.0, 0.2, size=width).astype(np.float32))
+    y = torch.empty(5, width, dtype=x.dtype)
+    block = 1 << (width - 1).bit_length()
+    norm.rms_norm_kernel[(5,)](x, w, y, 1e-5, 0.5, N=width, X_STRIDE=width, Y_STRIDE=width, BLOCK=block)
+    ref = ops.ref_rms_norm(host(x), w.numpy(), 1e-5, 0.5)
+    assert_rounded_close(host(y), ref, dtype, "rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", [True, False])
+def test_add_rms_norm_normalizes_the_stored_residual(dtype, in_place):
+    rng = np.random.default_rng(2)
+    n = 72
+    x = device_tensor(rng.normal(size=(4, n)), dtype)
+    res = device_tensor(4 * rng.normal(size=(4, 96)), dtype)[:, :n]  # a view, row stride 96
+    res_in = host(res)
+    w = torch.from_numpy(rng.normal(1.0, 0.2, size=n).astype(np.float32))
+    y = torch.empty(4, n, dtype=x.dtype)
+    res_out = res if in_place else torch.empty(4, n, dtype=x.dtype)
+    norm.add_rms_norm_kernel[(4,)](x, res, w, y, res_out, 1e-6, 0.0, N=n, X_STRIDE=n, RES_STRIDE=96, Y_STRIDE=n,
+                                   RES_OUT_STRIDE=96 if in_place else n, BLOCK=128)
+    stored = rounded(host(x) + res_in, dtype)  # one rounding of the exact (fp32-exact) sum
+    np.testing.assert_array_equal(host(res_out), stored)
+    assert_rounded_close(host(y), ops.ref_rms_norm(stored, w.numpy(), 1e-6), dtype, "add_rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_and_silu_mul(dtype):
+    rng = np.random.default_rng(3)
+    gate_up = device_tensor(2 * rng.normal(size=(3, 2 * 44)), dtype)  # fused gate_up: two column views
+    out = torch.empty(3, 44, dtype=gate_up.dtype)
+    g, u = gate_up[:, :44], gate_up[:, 44:]
+    elementwise.silu_mul_kernel[(3, 3)](g, u, out, WIDTH=44, GATE_STRIDE=88, UP_STRIDE=88, OUT_STRIDE=44, BLOCK=16)
+    assert_rounded_close(host(out), ops.ref_silu_mul(host(g), host(u)), dtype, "silu_mul")
+    a = device_tensor(rng.normal(size=(3, 44)), dtype)
+    expected = rounded(host(a) + host(out), dtype)
+    elementwise.add_kernel[(3, 1)](a, out, a, WIDTH=44, A_STRIDE=44, B_STRIDE=44, OUT_STRIDE=44, BLOCK=64)
+    np.testing.assert_array_equal(host(a), expected)
+
+
+ROPE_CASES = [  # (heads, kv heads, head_dim, rotary_dim, attention_scaling)
+    (4, 2, 16, 16, 1.0),
+    (6, 2, 32, 16, 1.0),  # partial rotary: the tail of each head passes through
+    (3, 3, 24, 24, 0.8),  # head_dim not a power of two; scaled cos/sin (YaRN-style factor)
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,scaling", ROPE_CASES)
+def test_rope_rotates_q_in_place_and_writes_k_v_to_their_cache_slots(dtype, heads, kv_heads, head_dim,
+                                                                      rotary_dim, scaling):
+    rng = np.random.default_rng(4)
+    t, block_size, num_blocks = 5, 4, 6
+    qw, kw = heads * head_dim, kv_heads * head_dim
+    qkv = device_tensor(rng.normal(size=(t, qw + 2 * kw)), dtype)
+    q, k, v = qkv[:, :qw], qkv[:, qw:qw + kw], qkv[:, qw + kw:]
+    q_in, k_in, v_in = host(q), host(k), host(v)
+    positions = np.array([0, 1, 7, 8, 2000], dtype=np.int32)
+    slots = np.array([5, 6, 22, 0, 13], dtype=np.int32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, rotary_dim, 2) / rotary_dim)).astype(np.float32)
+    shape = (num_blocks * block_size, kv_heads, head_dim)
+    k_cache = device_tensor(np.full(shape, 7.0), dtype)  # sentinel: untouched slots keep it
+    v_cache = device_tensor(np.full(shape, 7.0), dtype)
+    half = rotary_dim // 2
+    rope.rope_kv_write_kernel[(t,)](
+        q, k, v, torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(inv_freq), k_cache, v_cache,
+        scaling, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
+        Q_STRIDE=qkv.shape[1], K_STRIDE=qkv.shape[1], V_STRIDE=qkv.shape[1],
+        BLOCK_HEADS=1 << (heads - 1).bit_length(), BLOCK_KV_HEADS=1 << (kv_heads - 1).bit_length(),
+        BLOCK_HALF=1 << (half - 1).bit_length(), BLOCK_D=1 << (head_dim - 1).bit_length())
+    ref_q = ops.ref_rope(q_in, positions, inv_freq, heads, head_dim, rotary_dim, scaling)
+    ref_k = ops.ref_rope(k_in, positions, inv_freq, kv_heads, head_dim, rotary_dim, scaling)
+    assert_rounded_close(host(q), ref_q, dtype, "rotated q")
+    assert_rounded_close(host(k_cache)[slots].reshape(t, -1), ref_k, dtype, "k cache rows")
+    np.testing.assert_array_equal(host(v_cache)[slots].reshape(t, -1), v_in)
+    np.testing.assert_array_equal(host(k), k_in)  # k itself is only read
+    others = np.setdiff1d(np.arange(shape[0]), slots)
+    assert (host(k_cache)[others] == 7.0).all() and (host(v_cache)[others] == 7.0).all()
+
+
+GEMM_CASES = [  # (M, N, K, bias, tile (BLOCK_M, BLOCK_N, BLOCK_K))
+    (1, 40, 88, False, (16, 16, 32)),   # a decode row; N, K not tile multiples
+    (5, 64, 64, True, (16, 32, 32)),
+    (37, 48, 40, True, (16, 16, 16)),   # several M tiles and GROUP_M swizzle
+    (20, 24, 136, False, (32, 16, 64)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,bias,tile", GEMM_CASES)
+def test_gemm(dtype, m, n, k, bias, tile):
+    rng = np.random.default_rng(5)
+    x = device_tensor(rng.normal(size=(m, k + 8)), dtype)[:, :k]  # a view: row stride k + 8
+    w = device_tensor(rng.normal(size=(n, k)) / np.sqrt(k), dtype)
+    b = torch.from_numpy(rng.normal(size=n).astype(np.float32))
+    ref = host(x) @ host(w).T + (b.numpy() if bias else 0.0)
+    bm, bn, bk = tile
+    grid = (-(-m // bm) * -(-n // bn),)
+    for out_dtype in (torch.float32, x.dtype):  # logits are fp32; other outputs the act dtype
+        y = torch.zeros(m, n + 4, dtype=out_dtype)
+        gemm.gemm_kernel[grid](x, w, b, y, m, N=n, K=k, X_STRIDE=k + 8, Y_STRIDE=n + 4, HAS_BIAS=bias,
+                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2)
+        assert not y[:, n:].any()
+        if out_dtype == torch.float32:
+            from tolerances import CUDA_GEMM_FP32_RTOL
+
+            err = np.abs(host(y[:, :n]) - ref).max()
+            assert err <= CUDA_GEMM_FP32_RTOL * np.abs(ref).max(), f"fp32 gemm error {err:.3g}"
+        else:
+            assert_rounded_close(host(y[:, :n]), ref, dtype, "gemm")

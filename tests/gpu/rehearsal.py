@@ -1,0 +1,115 @@
+"""What the CPU rehearsal of the GPU check (check.py --rehearse) puts where the GPU would be.
+
+- The fake driver (BESSEMER_LIBCUDA -> tests/cuda_executor/fake_libcuda.cpp) runs the C++
+  executor's whole load and step path: cubins loaded and their parameters checked, weights
+  uploaded, KV cache allocated, graphs captured and replayed, step inputs uploaded. It
+  computes nothing: what it "returns" is whatever its host memory holds.
+- Where a comparison needs computed numbers (teacher-forced logits, batch vs alone, prefix
+  hit vs miss), the engine's own launch list runs through the Triton interpreter
+  (InterpretedExecutor, targets/cuda/interpret.py) behind the executor interface LLM uses:
+  the comparison code then runs on CPU-computed logits of the same engine.
+- The graph-vs-eager comparison compares what the fake driver records: a replayed decode
+  graph must launch exactly what the eager launcher launches for the same step.
+
+Every speed figure is a GPU figure: NOT_MEASURABLE lists them, and the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+# result paths (as report.py reads them) that a CPU cannot measure, and why
+NOT_MEASURABLE = {
+    "decode-8b": "8B batch-1 decode tok/s, bytes/token, % of 4.8 TB/s: needs the H200's HBM",
+    "decode-135m": "135M batch-1 ms/token: launch-bound, needs real kernel launches and CUDA graphs",
+    "decode-1b": "1B batch-1 decode tok/s (the HF static+compile fallback's reference): needs a GPU",
+    "prefill-8b": "8B 2048-token prefill TTFT and its ratio to torch.matmul's GEMM rate: needs a GPU",
+    "throughput-8b": "128 x (128 -> 512) output tok/s: needs a GPU",
+    "hf-eager-8b": "HF eager bf16 decode rate and the engine's speedup: needs a GPU",
+    "hf-compiled": "HF static cache + torch.compile (inductor, CUDA graphs) and the speedup: needs a GPU",
+    "graph_vs_eager": "graph == eager logits bit for bit: the fake driver computes nothing; "
+                      "on CPU the replayed launches are compared with the eager ones instead",
+    "cuda_logits": "the cubins' own numbers (the interpreter runs the kernels' Triton source, not the SASS)",
+}
+
+
+class InterpretedCudaExecutor:
+    """The cuda executor's interface (step, sample on the 'device') over the interpreted
+    launcher: same launch list, same plan, kernels run as Triton source with NumPy."""
+
+    samples_on_device = True
+
+    def __init__(self, engine_dir: Path, num_kv_blocks: int):
+        from bessemer.targets.cuda.interpret import InterpretedExecutor
+
+        self._ex = InterpretedExecutor(engine_dir, num_kv_blocks, verify_checksum=False)
+        self.num_kv_blocks = num_kv_blocks
+        self.use_graphs = False
+
+    def step(self, *inputs) -> np.ndarray:
+        """A StepBatch, or its six arrays (as CudaExecutor.step)."""
+        return self._ex.step(*inputs)
+
+    def sample(self, token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices,
+               temperature, top_k, top_p, uniform, want_logits: bool = False):
+        from bessemer.targets.cuda.executor import UNIFORM_MAX
+
+        logits = self._ex.step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices)
+        uniform = np.minimum(np.asarray(uniform, np.float32), UNIFORM_MAX)
+        tokens = self._ex.sample(np.asarray(temperature, np.float32), np.asarray(top_k, np.int32),
+                                 np.asarray(top_p, np.float32), uniform)
+        return tokens, (logits if want_logits else None)
+
+    def stats(self) -> dict:
+        return {"interpreted_launches": self._ex.launches}
+
+
+def interpreted(llm) -> None:
+    """Replaces the LLM's (fake-driver) executor by the interpreted one, with the same KV
+    block count (the block manager stays as it is)."""
+    llm.llm_engine.executor = InterpretedCudaExecutor(llm.engine.dir, llm.num_kv_blocks)
+
+
+def fake_computes_nothing(llm) -> None:
+    """On the fake driver the 'sampled' ids are whatever its memory holds: kept inside the
+    vocabulary so that the scheduler, detokenizer-free outputs and metrics run as usual."""
+    sample, vocab = llm.executor.sample, llm.vocab_size
+
+    def in_vocab(*args, **kwargs):
+        tokens, logits = sample(*args, **kwargs)
+        return np.asarray(tokens) % vocab, logits
+
+    llm.executor.sample = in_vocab
+
+
+@contextmanager
+def fake_launch_log():
+    """The launches the fake driver ran inside the block (eager and replayed), as a list
+    filled on exit (see launches())."""
+    records: list[dict] = []
+    previous = os.environ.get("BESSEMER_FAKE_CUDA_LOG")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calls.jsonl"
+        os.environ["BESSEMER_FAKE_CUDA_LOG"] = str(path)
+        try:
+            yield records
+        finally:
+            if previous is None:
+                os.environ.pop("BESSEMER_FAKE_CUDA_LOG", None)
+            else:
+                os.environ["BESSEMER_FAKE_CUDA_LOG"] = previous
+            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            records.extend(launches(rows))
+
+
+def launches(records: list[dict]) -> list[dict]:
+    """What ran, eager or replayed from a graph: each kernel launch (kernel, grid, block,
+    shared bytes, packed parameters) without the marks that say how it was issued."""
+    return [{k: v for k, v in r.items() if k not in ("capture", "replay", "fn", "stream")}
+            for r in records if r["fn"] == "cuLaunchKernelEx" and not r.get("capture")]
