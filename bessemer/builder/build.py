@@ -50,15 +50,58 @@ def _resolve_limits(build: BuildConfig, max_positions: int) -> BuildConfig:
     return build
 
 
-def _prepare_output(output: Path) -> Path:
-    """A fresh temp dir beside the output; the output may only replace an engine or empty dir."""
+def is_engine_dir(path: Path) -> bool:
+    """Whether `path` holds an engine Bessemer wrote: its config.json names the engine format
+    (a HF checkpoint's, or any other config.json, does not). Only such a directory may be
+    replaced by a build."""
+    try:
+        config = json.loads((path / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "bessemer_format" in config and "ranks" in config
+
+
+def _check_output(model_dir: Path, output: Path) -> None:
+    """The output may be a new path, an empty directory or an engine; never the checkpoint,
+    a directory inside it or one that contains it."""
+    src, out = model_dir.resolve(), output.resolve()
+    where = ("the checkpoint" if out == src else "inside the checkpoint" if src in out.parents
+             else "a directory containing the checkpoint" if out in src.parents else None)
+    if where:
+        raise BessemerError(f"--output {output} is {where} {model_dir}; the build never writes into or over "
+                            "its source: choose another --output")
     if output.exists():
         if not output.is_dir():
             raise BessemerError(f"output {output} exists and is not a directory; choose another --output")
-        if any(output.iterdir()) and not (output / CONFIG_NAME).exists():
-            raise BessemerError(f"output {output} is a non-empty directory that is not an engine; choose another --output")
+        if any(output.iterdir()) and not is_engine_dir(output):
+            raise BessemerError(f"output {output} is a non-empty directory that is not a Bessemer engine (it would be "
+                                "replaced); choose a new or empty --output")
+
+
+def _remove_stale_temps(output: Path) -> None:
+    """Temp dirs of earlier builds of `output` whose process is gone (killed builds)."""
+    for d in output.parent.glob(f".{output.name}.tmp-*-*"):
+        pid = d.name[len(f".{output.name}.tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _prepare_output(output: Path) -> Path:
+    """A fresh temp dir beside the output (named with this process id, so that a later build
+    can remove it if this one is killed)."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    _remove_stale_temps(output)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-{os.getpid()}-", dir=output.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the engine dir is ordinary
@@ -159,6 +202,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     if not isinstance(workers, int) or workers <= 0:
         raise InvalidOptionError(f"--workers must be a positive integer, got {workers!r}")
     model_dir, output = Path(model_dir), Path(output_dir)
+    _check_output(model_dir, output)  # before any work: a wrong --output fails in a second
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
 

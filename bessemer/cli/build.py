@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
@@ -10,6 +11,13 @@ from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype",
                 "tp_size", "target", "gpu_arch")
+
+
+def _terminated(signum, frame):
+    raise SystemExit("error: build-engine was terminated (SIGTERM); nothing was written, the previous "
+                     "engine (if any) is unchanged")
+
+
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
                "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
@@ -79,6 +87,8 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
          workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
          smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
+    # SIGTERM unwinds like an error: the build's cleanup removes its temp directory
+    signal.signal(signal.SIGTERM, _terminated)
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
