@@ -64,7 +64,7 @@ class Server:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics").text
+        text = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.key}"}).text
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -261,3 +261,44 @@ def test_sigterm_during_stream_exits_cleanly(small):
         rest = [line for line in lines if line.startswith("data:")]
     assert small.proc.wait(timeout=10) == 0
     assert "error" in json.loads(rest[-1][len("data:"):])  # told why the stream ended early
+
+
+BAD_WHILE_BUSY = [
+    ("NaN temperature", b'{"model": "smollm2", "prompt": "hi", "max_tokens": 4, "temperature": NaN}', "temperature"),
+    ("NaN repetition_penalty",
+     b'{"model": "smollm2", "prompt": "hi", "max_tokens": 4, "repetition_penalty": NaN}', "repetition_penalty"),
+    ("seed -1", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "seed": -1}, "seed"),
+    ("empty stop", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stop": [""]}, "stop"),
+    ("lone surrogate", b'{"model": "smollm2", "prompt": "hi \\ud800 there", "max_tokens": 4}', None),
+    ("deep JSON", b'{"model": "smollm2", "prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", None),
+]
+
+
+def test_bad_requests_fail_alone_while_a_long_generation_runs(server, tokenizer):
+    """Each bad request gets a 400 naming it; a long generation running meanwhile on another
+    connection finishes with the same text as when it runs alone."""
+    import threading
+
+    prompt = token_prompt(tokenizer, 77, 48)
+    alone = complete(server.client(), prompt, max_tokens=96)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("text", complete(server.client(), prompt, max_tokens=96)))
+    worker.start()
+    statuses = []
+    for name, body, needle in BAD_WHILE_BUSY:
+        r = server.post("/v1/completions", body)
+        statuses.append((name, r.status_code))
+        assert r.status_code == 400, (name, r.status_code, r.text[:300])
+        if needle:
+            assert needle in r.json()["error"]["message"], (name, r.text)
+    huge = server.post("/v1/completions", {"model": MODEL, "prompt": "word " * (5 * 2**20), "max_tokens": 4})
+    statuses.append(("20 MB body", huge.status_code))
+    assert huge.status_code == 413 and "at most" in huge.json()["error"]["message"], huge.text[:300]
+    worker.join(timeout=300)
+    assert result.get("text") == alone, statuses
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_metrics_need_the_api_key_when_one_is_set(server):
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert "bessemer_" in httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text

@@ -15,6 +15,7 @@ from typing import Callable, Sequence as Seq
 
 import numpy as np
 
+from bessemer.errors import InvalidOptionError
 from bessemer.runtime.llm_engine import LLMEngine
 from bessemer.runtime.outputs import CompletionOutput, RequestOutput  # noqa: F401 - public names
 from bessemer.runtime.sampling_params import SamplingParams
@@ -93,9 +94,14 @@ class LLM:
         items = self._tokenize(prompts)
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(items)
-        groups = [self.add_request(ids, p, stream=on_delta is not None) for (_, ids), p in zip(items, params_list)]
-        index_of = {s.seq_id: i for i, g in enumerate(groups) for s in g}
+        if len(params_list) != len(items):  # zip would drop prompts without a word
+            raise InvalidOptionError(f"{len(items)} prompts but {len(params_list)} sampling params; give one "
+                                     "SamplingParams for all prompts or one per prompt")
+        groups = []
         try:
+            for _, ids in items:  # a prompt refused here leaves none of the others queued
+                groups.append(self.add_request(ids, params_list[len(groups)], stream=on_delta is not None))
+            index_of = {s.seq_id: i for i, g in enumerate(groups) for s in g}
             while self.has_unfinished():
                 for update in self.llm_engine.step():
                     if on_delta and update.text:

@@ -6,9 +6,13 @@ before anything is queued.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bessemer.errors import InvalidOptionError
+
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+INT_FIELDS = ("max_tokens", "top_k", "seed", "logprobs", "min_tokens", "n")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,20 @@ class SamplingParams:
     grammar: str | None = None  # a grammar: Lark, or GBNF/EBNF (`root ::= ...`)
 
     def __post_init__(self):
+        # NaN passes every comparison below (NaN < 0 is False) and then poisons the sampler
+        # inside a step shared with other requests: numbers are checked to be finite first
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidOptionError(f"{name} must be a finite number, got {value!r}")
+        for name in INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidOptionError(f"{name} must be an integer, got {value!r}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidOptionError(f"seed must be in [0, 2^63), got {self.seed}")
+        if any(s == "" for s in self.stop_strings):
+            raise InvalidOptionError("stop strings must not be empty (an empty one would end every output at once)")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidOptionError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:

@@ -54,6 +54,13 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise RequestError(f"a prompt must be text, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (JSON "\ud800") is not text a tokenizer reads
+            raise RequestError(f"the prompt is not valid Unicode ({e.reason} at character {e.start}); "
+                               "send UTF-8 text") from None
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

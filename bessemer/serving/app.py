@@ -24,6 +24,10 @@ from bessemer.serving import protocol as P
 from bessemer.serving.metrics import ServerMetrics
 from bessemer.serving.streams import Collected, events
 
+# A request body larger than this gets a 413 before it is read or parsed: a prompt of the
+# longest context any engine here takes is well under it (~4 bytes per token).
+MAX_REQUEST_BYTES = 16 * 2**20
+
 
 def _shutting_down() -> P.ApiError:
     return P.ApiError(503, "the server is shutting down; the request was aborted", "server_error",
@@ -91,16 +95,28 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "bessemer", "max_model_len": engine.llm.max_seq_len}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", **v1)  # with --api-key, the counters are the key holder's too
     async def prometheus():
         return PlainTextResponse(metrics.render(engine.stats()), media_type="text/plain; version=0.0.4")
 
     # ---- generation ----
     async def read(request: Request, model: type):
         try:
-            body = json.loads(await request.body())
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            raise P.ApiError(400, "the Content-Length header is not a number") from None
+        if declared > MAX_REQUEST_BYTES:
+            raise P.ApiError(413, f"the request body is {declared} bytes; this server takes at most "
+                                  f"{MAX_REQUEST_BYTES} (shorten the prompt)")
+        raw = await request.body()
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise P.ApiError(413, f"the request body is over {MAX_REQUEST_BYTES} bytes; shorten the prompt")
+        try:
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise P.ApiError(400, f"the request body is not valid JSON ({e})") from None
+        except RecursionError:
+            raise P.ApiError(400, "the request body's JSON is nested too deeply") from None
         req = P.parse(model, body)
         if req.model is not None and req.model != model_name:
             raise P.ApiError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",

@@ -1,0 +1,44 @@
+"""Requests are validated once, at the boundary: a bad value is one InvalidOptionError (a
+400 in the server, one `error:` line in the CLI) before anything is queued, so it can never
+fail a step that other requests share."""
+
+import math
+
+import pytest
+
+from bessemer.errors import InvalidOptionError
+from bessemer.runtime.llm import LLM, SamplingParams
+from test_cli import assert_clean_error, run
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", math.nan), ("temperature", math.inf), ("top_p", math.nan), ("min_p", math.nan),
+    ("repetition_penalty", math.nan), ("presence_penalty", -math.inf), ("frequency_penalty", math.nan),
+    ("seed", -1), ("seed", 2**64), ("seed", 1.5), ("stop", ""), ("stop", ["end", ""]), ("top_k", 2.5),
+])
+def test_bad_sampling_values_are_refused_by_name(field, value):
+    with pytest.raises(InvalidOptionError, match=field if field != "stop" else "stop strings"):
+        SamplingParams(**{field: value})
+
+
+def test_generate_refuses_a_params_list_of_another_length(tiny_engine):
+    llm = LLM(tiny_engine("llama-untied"), num_threads=1)
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    with pytest.raises(InvalidOptionError, match="3 prompts but 2 sampling params"):
+        llm.generate(prompts, [SamplingParams(max_tokens=2)] * 2)
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=2, temperature=0)] * 3)
+    assert len(outs) == 3 and all(len(o.outputs[0].token_ids) == 2 for o in outs)
+    assert llm.blocks.num_free == llm.num_kv_blocks  # nothing left queued or holding blocks
+
+
+def test_a_refused_prompt_leaves_the_others_unqueued(tiny_engine):
+    llm = LLM(tiny_engine("llama-untied"), num_threads=1)
+    too_long = list(range(1, llm.max_seq_len + 5))
+    with pytest.raises(Exception, match="prompt has"):
+        llm.generate([[1, 2, 3], too_long], SamplingParams(max_tokens=2))
+    assert not llm.has_unfinished() and llm.blocks.num_free == llm.num_kv_blocks
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--temperature", "nan", "temperature"), ("--seed", "-1", "seed")])
+def test_run_engine_refuses_bad_sampling_flags(tiny_engine, flag, value, needle):
+    assert_clean_error(run("run-engine", str(tiny_engine("llama-untied")), "--prompt", "x", flag, value), needle)
