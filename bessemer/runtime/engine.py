@@ -61,6 +61,7 @@ class Engine:
             raise EngineLoadError(
                 f"engine target {config.get('target')!r} cannot run on this runtime (targets: "
                 f"{', '.join(target_names())}); rebuild with --target cpu")
+        _check_config(config, path)
         return config
 
     @classmethod
@@ -76,6 +77,8 @@ class Engine:
         path = d / entry["file"]
         if not path.exists():
             raise EngineLoadError(f"rank file {path} is missing; rebuild the engine")
+        if not path.is_file() or path.resolve().parent != d.resolve():
+            raise EngineLoadError(f"rank file {path} is not a regular file inside {d}; rebuild the engine")
         if path.stat().st_size != entry["size"]:
             raise EngineLoadError(f"rank file {path} is truncated or corrupt ({path.stat().st_size} bytes, "
                                   f"config.json says {entry['size']}); rebuild the engine")
@@ -98,3 +101,37 @@ class Engine:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token over all layers (K and V), per-(token, head) scales included."""
         return self.target.kv_bytes_per_token(self.header)
+
+
+# config.json is read before any checksum can vouch for it: its values are checked here as
+# strictly as the rank header (a 0 limit made the scheduler spin; a rank "file" of
+# "../x" or "/dev/zero" was followed)
+BUILD_LIMITS = ("max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
+
+
+def _check_config(config, path: Path) -> None:
+    def bad(what: str) -> EngineLoadError:
+        return EngineLoadError(f"{path}: {what}; the engine's config.json is damaged, rebuild the engine")
+
+    if not isinstance(config, dict):
+        raise bad("not a JSON object")
+    build = config.get("build")
+    if not isinstance(build, dict):
+        raise bad("no build section")
+    for name in BUILD_LIMITS:
+        value = build.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1 << 24:
+            raise bad(f"build.{name} is {value!r}, not a positive integer")
+    ranks = config.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise bad("no rank files listed")
+    for i, entry in enumerate(ranks):
+        if not isinstance(entry, dict):
+            raise bad(f"ranks[{i}] is not an object")
+        name, size, digest = entry.get("file"), entry.get("size"), entry.get("sha256")
+        if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
+            raise bad(f"ranks[{i}].file {name!r} is not a plain file name in the engine directory")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise bad(f"ranks[{i}].size {size!r} is not a byte count")
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise bad(f"ranks[{i}].sha256 is not a sha256 hex digest")

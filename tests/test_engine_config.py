@@ -1,0 +1,46 @@
+"""config.json is read before any checksum covers it: damaged values are refused with one
+line at load (and by inspect), never followed, hashed forever or spun on."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from bessemer.errors import EngineLoadError
+from bessemer.runtime.engine import Engine
+from test_cli import assert_clean_error, run
+
+
+def _damaged(tiny_engine, tmp_path, edit):
+    d = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama-untied"), d)
+    config = json.loads((d / "config.json").read_text())
+    edit(config)
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.parametrize("case, edit, needle", [
+    ("zero batch", lambda c: c["build"].update(max_batch_size=0), "max_batch_size"),
+    ("zero tokens", lambda c: c["build"].update(max_num_tokens=0), "max_num_tokens"),
+    ("string limit", lambda c: c["build"].update(kv_block_size="16"), "kv_block_size"),
+    ("parent path", lambda c: c["ranks"][0].update(file="../rank0.engine"), "plain file name"),
+    ("absolute path", lambda c: c["ranks"][0].update(file="/dev/zero"), "plain file name"),
+    ("no ranks", lambda c: c.update(ranks=[]), "no rank files"),
+    ("bad digest", lambda c: c["ranks"][0].update(sha256="zz"), "sha256"),
+    ("not an object", lambda c: c["ranks"].__setitem__(0, 7), "ranks[0]"),
+])
+def test_damaged_config_is_refused_at_load_and_by_inspect(tiny_engine, tmp_path, case, edit, needle):
+    d = _damaged(tiny_engine, tmp_path, edit)
+    with pytest.raises(EngineLoadError, match=re.escape(needle)):
+        Engine.load(d)
+    assert_clean_error(run("bessemer", "inspect", str(d)), needle)
+
+
+def test_a_rank_file_that_is_a_link_out_of_the_engine_is_refused(tiny_engine, tmp_path):
+    d = _damaged(tiny_engine, tmp_path, lambda c: None)
+    (d / "rank0.engine").unlink()
+    (d / "rank0.engine").symlink_to("/dev/zero")
+    with pytest.raises(EngineLoadError, match="not a regular file inside"):
+        Engine.load(d)
