@@ -66,3 +66,19 @@ def test_sigterm_during_a_build_leaves_nothing(smollm2_dir, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "Traceback" not in err
     assert not out.exists() and no_leftovers(tmp_path), list(tmp_path.iterdir())
+
+
+def test_nan_weights_are_refused_naming_the_tensor(tiny_checkpoint, tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("llama-untied"), src)
+    (file,) = src.glob("*.safetensors")
+    tensors = load_file(str(file))
+    name = next(n for n in sorted(tensors) if n.endswith("mlp.down_proj.weight"))
+    tensors[name][0, 0] = np.nan
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    out = tmp_path / "engine"
+    assert_clean_error(run("build-engine", str(src), "--output", str(out)), name, "NaN")
+    assert not out.exists() and no_leftovers(tmp_path)

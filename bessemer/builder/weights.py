@@ -17,6 +17,7 @@ import numpy as np
 from bessemer.builder.calibrate import CalibrationResult
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.lower import TensorSpec
+from bessemer.errors import BessemerError
 from bessemer.format.layouts import encode
 from bessemer.quantization.awq import apply_transform
 from bessemer.quantization.formats import WeightCalibration
@@ -32,6 +33,9 @@ class WeightSource:
     def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
         """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
         arr = self.ckpt.get(name, sl)
+        if not _all_finite(arr):  # an engine of NaN weights emits token 0 forever: refuse it here
+            raise BessemerError(f"checkpoint tensor {name} has NaN or infinite values; the checkpoint is damaged "
+                                "(re-download or re-export it)")
         if self.calibration and name in self.calibration.transforms:
             row, col = self.calibration.transforms[name]
             if sl is not None:
@@ -68,3 +72,9 @@ class WeightSource:
                 self._cached = (spec.source, self._quantize(spec))
             return spec.quant.pack(spec.role, self._cached[1][spec.role], spec.layout)
         return produce
+
+
+def _all_finite(arr: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """Whether every element is finite, in chunks (no whole-tensor bool temporary)."""
+    flat = arr.reshape(-1)
+    return all(np.isfinite(flat[i:i + chunk]).all() for i in range(0, flat.size, chunk))
