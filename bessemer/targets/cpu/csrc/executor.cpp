@@ -140,6 +140,7 @@ void Executor::load_plan(const PlanDesc& plan) {
 
     int idx = 0;
     bool any_unwindowed = false;
+    int64_t kv_layers_used = 0;
     const json::Value* tv = header_.json.find("target");
     const std::string target = tv && tv->kind == json::Kind::String ? tv->str : "cpu";
     if (target != "cpu") fail("this rank file is for target '" + target + "'; the cpu executor runs target 'cpu'");
@@ -172,6 +173,8 @@ void Executor::load_plan(const PlanDesc& plan) {
         needs_.ints_per_seq = std::max(needs_.ints_per_seq, n.ints_per_seq);
         needs_.ints_per_row = std::max(needs_.ints_per_row, n.ints_per_row);
         if (n.reads_kv) {
+            auto layer = c.attrs.find("layer");
+            if (layer != c.attrs.end()) kv_layers_used = std::max(kv_layers_used, int64_t(layer->second) + 1);
             needs_.reads_kv = true;
             any_unwindowed = any_unwindowed || n.kv_window == 0;
             needs_.kv_window = std::max(needs_.kv_window, n.kv_window);
@@ -188,6 +191,11 @@ void Executor::load_plan(const PlanDesc& plan) {
         calls_.push_back(std::move(c));
         defs_.push_back(def);
     }
+    // cache layers beyond the last one an attention call reads would only allocate memory
+    // nothing reads (a damaged header asked for 2^31 layers)
+    if (info_.kv_layers > kv_layers_used)
+        fail("kv_cache num_layers " + std::to_string(info_.kv_layers) + " but the plan's attention reads " +
+             std::to_string(kv_layers_used) + " layers");
     if (any_unwindowed) needs_.kv_window = 0;
     limits_.reads_kv = needs_.reads_kv;
     limits_.kv_window = needs_.kv_window;
@@ -216,9 +224,14 @@ void Executor::allocate_kv_cache() {
     v_scale_.resize(coded ? info_.kv_layers : 0);
     k_scale_ptrs_.assign(info_.kv_layers, nullptr);
     v_scale_ptrs_.assign(info_.kv_layers, nullptr);
+    const int64_t total = int64_t(info_.kv_layers) * 2 * (per + (coded ? per_scales : 0));
     for (int l = 0; l < info_.kv_layers; ++l) {
-        k_cache_[l].ensure(size_t(per));
-        v_cache_[l].ensure(size_t(per));
+        try {
+            k_cache_[l].ensure(size_t(per));
+            v_cache_[l].ensure(size_t(per));
+        } catch (const std::bad_alloc&) {
+            fail("the KV cache (" + std::to_string(total >> 20) + " MiB) cannot be allocated; lower --kv-cache-gib");
+        }
         k_ptrs_[l] = k_cache_[l].get();
         v_ptrs_[l] = v_cache_[l].get();
         if (coded) {
