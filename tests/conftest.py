@@ -79,6 +79,32 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
     return get
 
 
+def model_graph(model_dir: Path):
+    """(the family's graph before passes, its Checkpoint) of a HF checkpoint directory."""
+    from bessemer.builder.checkpoint import Checkpoint
+    from bessemer.models.registry import family_for
+
+    ckpt = Checkpoint(Path(model_dir))
+    family = family_for(ckpt.config)
+    return family.build_graph(family.config_from_hf(ckpt.config), ckpt.shapes()), ckpt
+
+
+def linear_input_keys(model_dir: Path) -> dict[str, str]:
+    """{linear module: the key calibration records its input under}, from the model's graph."""
+    from bessemer.builder import input_groups as ig
+
+    graph, ckpt = model_graph(model_dir)
+    ckpt.close()
+    return ig.linear_input_keys(ig.input_groups(graph))
+
+
+def llama_input_key(module: str) -> str:
+    """The oracle's own (name-based) view of a Llama layer: k/v read q_proj's input and
+    up_proj reads gate_proj's; what the builder derives from the graph must agree."""
+    parent, _, leaf = module.rpartition(".")
+    return f"{parent}.{ {'k_proj': 'q_proj', 'v_proj': 'q_proj', 'up_proj': 'gate_proj'}.get(leaf, leaf)}"
+
+
 def hf_logits(model_dir: Path, token_ids: list[int], dtype: str = "float32") -> np.ndarray:
     import torch
 

@@ -25,11 +25,11 @@ from bessemer.builder import engine_format as fmt
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
+from bessemer.builder.input_groups import input_groups
 from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
                                                quantize_fp8_weight, slice_codes)
-from bessemer.quantization.awq import apply_transform
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 
@@ -73,11 +73,7 @@ class WeightSource:
         """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
         arr = self.ckpt.get(name, sl)
         if self.calibration and name in self.calibration.transforms:
-            row, col = self.calibration.transforms[name]
-            if sl is not None:
-                row = row[sl[0]:sl[1]] if row is not None else None
-                col = col[sl[2]:sl[3]] if col is not None and arr.ndim == 2 else col
-            arr = apply_transform(arr, (row, col))
+            arr = self.calibration.transforms[name].apply(arr, sl)
         return arr
 
     def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
@@ -257,7 +253,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     calibration = None
     if build.quant is not None and build.quant.needs_calibration:
         t = time.perf_counter()
-        calibration = calibrate(ckpt, cfg, build.quant, say)
+        calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say)
         timings["calibration"] = time.perf_counter() - t
         if build.quant.algorithm == "smoothquant":  # record the backend that ran, not "auto"
             build = replace(build, quant=replace(build.quant, calib_backend=calibration.backend))

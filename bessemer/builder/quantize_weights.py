@@ -15,7 +15,9 @@ import numpy as np
 
 from bessemer.builder.engine_format import pack_panel16
 from bessemer.quantization import primitives as prim
-from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
+from bessemer.builder.input_groups import linear_input_keys
+from bessemer.quantization.calibration import CalibrationSpec, collect
+from bessemer.quantization.channel_scales import InputGroup
 from bessemer.quantization.packing import GROUP_PARAM_DTYPE, pack_group_params, pack_int4_codes, pack_vnni16
 
 
@@ -23,9 +25,10 @@ from bessemer.quantization.packing import GROUP_PARAM_DTYPE, pack_group_params, 
 class CalibrationResult:
     stats: dict  # input key -> activation statistics (quantization/calibration.py)
     algorithm: str
+    weight_keys: dict = field(default_factory=dict)  # HF weight tensor -> its input's key
     act_order: bool = False
     gptq: bool = False  # codes chosen by GPTQ (w4a16-gptq, fp8 --fp8-rounding gptq)
-    transforms: dict = field(default_factory=dict)  # AWQ, SmoothQuant: tensor -> (row_scale, col_scale)
+    transforms: dict = field(default_factory=dict)  # AWQ, SmoothQuant: tensor -> channel_scales.Transform
     multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
     backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
@@ -33,37 +36,37 @@ class CalibrationResult:
     def hessian_for(self, spec) -> np.ndarray | None:
         if not self.gptq:  # cached statistics may hold Hessians that this build does not use
             return None
-        module = spec.parts[0].rsplit(".", 1)[0]
-        return self.stats[input_key(module)]["hessian"]
+        return self.stats[self.weight_keys[spec.parts[0]]]["hessian"]
 
     def input_amax_for(self, spec) -> float | None:
         """max |x| over the calibration rows of the weight's input (FP8 activation scale)."""
-        module = spec.parts[0].rsplit(".", 1)[0]
-        return float(self.stats[input_key(module)]["abs_max"].max())
+        return float(self.stats[self.weight_keys[spec.parts[0]]]["abs_max"].max())
 
 
-def calibrate(ckpt, cfg, quant, say) -> CalibrationResult:
+def calibrate(ckpt, groups: list[InputGroup], quant, say) -> CalibrationResult:
+    """groups: the model's input groups (builder/input_groups.py, from its unpassed graph)."""
     from bessemer.quantization.awq import awq_transforms
 
     spec = CalibrationSpec(Path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
-        return _calibrate_smoothquant(ckpt, cfg, quant, spec, say)
+        return _calibrate_smoothquant(ckpt, groups, quant, spec, say)
     # only GPTQ (int4, or fp8 codes rounded by GPTQ) needs the (K, K) input Hessians; AWQ
     # and FP8 read abs_mean / abs_max / samples
-    stats = collect(ckpt.dir, spec, say, hessian=quant.uses_gptq)
-    result = CalibrationResult(stats, quant.algorithm, quant.act_order, quant.uses_gptq,
+    stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=quant.uses_gptq)
+    result = CalibrationResult(stats, quant.algorithm, {w: g.key for g in groups for w in g.weights},
+                               quant.act_order, quant.uses_gptq,
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
     if quant.algorithm == "awq":
         t = time.perf_counter()
-        result.transforms, per_group = awq_transforms(ckpt.get, cfg.num_hidden_layers, stats,
+        result.transforms, per_group = awq_transforms(ckpt.get, groups, stats,
                                                       quant.group_size, quant.zero_point, say)
         result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
     return result
 
 
-def _calibrate_smoothquant(ckpt, cfg, quant, spec, say) -> CalibrationResult:
+def _calibrate_smoothquant(ckpt, groups, quant, spec, say) -> CalibrationResult:
     from bessemer.quantization.modelopt_calib import modelopt_available, modelopt_act_amax
     from bessemer.quantization.smoothquant import smoothquant_transforms
 
@@ -72,15 +75,15 @@ def _calibrate_smoothquant(ckpt, cfg, quant, spec, say) -> CalibrationResult:
     if backend == "auto":
         backend = "modelopt" if modelopt_available() else "native"
     if backend == "modelopt":
-        act_amax, rows = modelopt_act_amax(ckpt.dir, spec, quant.smoothquant_alpha, say)
+        act_amax, rows = modelopt_act_amax(ckpt.dir, spec, quant.smoothquant_alpha, linear_input_keys(groups), say)
     else:
-        stats = collect(ckpt.dir, spec, say, hessian=False)
+        stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=False)
         act_amax = {k: v["abs_max"] for k, v in stats.items()}
         rows = int(next(iter(stats.values()))["rows"])
     result = CalibrationResult({}, quant.algorithm, backend=backend,
                                report={"stats_s": round(time.perf_counter() - t, 2), "rows": rows, "backend": backend})
     result.transforms, result.multipliers, per_group = smoothquant_transforms(
-        ckpt.get, cfg.num_hidden_layers, act_amax, quant.smoothquant_alpha, quant.o_proj_smoothing)
+        ckpt.get, groups, act_amax, quant.smoothquant_alpha, quant.o_proj_smoothing)
     result.report["smoothquant"] = per_group
     say(f"smoothquant: factors for {len(per_group)} inputs (alpha {quant.smoothquant_alpha}, {backend} statistics)")
     return result

@@ -2,12 +2,15 @@
 
 Families differ by config (biases, tied embeddings, RoPE variant, sliding windows), never
 by forked copies of this code. Node names are HF module paths; weights are HF tensor names.
+Each linear gets its role here (builder/roles.py: how tensor parallelism splits it, which
+fusion group it joins), so passes never infer structure from module names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bessemer.builder import roles
 from bessemer.builder.graph import Graph, Node, WeightRef, verify
 from bessemer.models.config import ModelConfig
 from bessemer.models.rope import rope_tables
@@ -33,11 +36,11 @@ class GraphBuilder:
         return WeightRef.single(name, self.weight_shapes[name])
 
     def add(self, name: str, op: str, inputs: list[str], outputs: list[str] | None = None,
-            weights: list = (), **attrs) -> str | tuple[str, ...]:
+            weights: list = (), role: roles.LinearRole | None = None, **attrs) -> str | tuple[str, ...]:
         outputs = outputs or [name]
         while weights and weights[-1] is None:  # drop absent optional weights
             weights = weights[:-1]
-        self.nodes.append(Node(name, op, tuple(inputs), tuple(outputs), tuple(weights), attrs))
+        self.nodes.append(Node(name, op, tuple(inputs), tuple(outputs), tuple(weights), attrs, role))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
@@ -46,8 +49,9 @@ def rms_norm(g: GraphBuilder, name: str, x: str, eps: float, width: int) -> str:
                  weight_offset=0.0)
 
 
-def linear(g: GraphBuilder, name: str, x: str, out_features: int, in_features: int, bias: bool) -> str:
-    return g.add(name, "linear", [x], weights=[
+def linear(g: GraphBuilder, name: str, x: str, out_features: int, in_features: int, bias: bool,
+           role: roles.LinearRole) -> str:
+    return g.add(name, "linear", [x], role=role, weights=[
         g.weight(f"{name}.weight", (out_features, in_features)),
         g.weight(f"{name}.bias", (out_features,), optional=not bias)])
 
@@ -55,25 +59,31 @@ def linear(g: GraphBuilder, name: str, x: str, out_features: int, in_features: i
 def attention_block(g: GraphBuilder, cfg: ModelConfig, layer: int, x: str, rope_attrs: dict) -> str:
     p = f"model.layers.{layer}.self_attn"
     hidden, d = cfg.hidden_size, cfg.head_dim
-    q = linear(g, f"{p}.q_proj", x, cfg.num_attention_heads * d, hidden, cfg.attention_bias)
-    k = linear(g, f"{p}.k_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias)
-    v = linear(g, f"{p}.v_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias)
+    qkv = roles.Fusion(roles.QKV, f"{p}.qkv_proj")
+    q = linear(g, f"{p}.q_proj", x, cfg.num_attention_heads * d, hidden, cfg.attention_bias,
+               roles.column(roles.QUERY_HEADS, qkv))
+    k = linear(g, f"{p}.k_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias,
+               roles.column(roles.KV_HEADS, qkv))
+    v = linear(g, f"{p}.v_proj", x, cfg.num_key_value_heads * d, hidden, cfg.attention_bias,
+               roles.column(roles.KV_HEADS, qkv))
     heads = dict(num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                  head_dim=cfg.head_dim)
     q, k = g.add(f"{p}.rotary_emb", "rope", [q, k], [f"{p}.q_rot", f"{p}.k_rot"],
                  [g.weight(INV_FREQ, g.weight_shapes[INV_FREQ])], **heads, **rope_attrs)
     o = g.add(f"{p}.attn", "attention", [q, k, v], layer=layer, scale=cfg.head_dim ** -0.5,
               sliding_window=cfg.sliding_windows[layer] if cfg.sliding_windows else 0, **heads)
-    return linear(g, f"{p}.o_proj", o, hidden, cfg.num_attention_heads * d, cfg.o_proj_bias)
+    return linear(g, f"{p}.o_proj", o, hidden, cfg.num_attention_heads * d, cfg.o_proj_bias,
+                  roles.row(roles.QUERY_HEADS))
 
 
 def gated_mlp(g: GraphBuilder, cfg: ModelConfig, layer: int, x: str) -> str:
     p = f"model.layers.{layer}.mlp"
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
-    gate = linear(g, f"{p}.gate_proj", x, inter, hidden, cfg.mlp_bias)
-    up = linear(g, f"{p}.up_proj", x, inter, hidden, cfg.mlp_bias)
+    gate_up = roles.Fusion(roles.GATE_UP, f"{p}.gate_up_proj")
+    gate = linear(g, f"{p}.gate_proj", x, inter, hidden, cfg.mlp_bias, roles.column(roles.FEATURES, gate_up))
+    up = linear(g, f"{p}.up_proj", x, inter, hidden, cfg.mlp_bias, roles.column(roles.FEATURES, gate_up))
     h = g.add(f"{p}.act_fn", "silu_mul", [gate, up])
-    return linear(g, f"{p}.down_proj", h, hidden, inter, cfg.mlp_bias)
+    return linear(g, f"{p}.down_proj", h, hidden, inter, cfg.mlp_bias, roles.row(roles.FEATURES))
 
 
 def decoder_graph(cfg: ModelConfig, weight_shapes: dict) -> Graph:
@@ -97,5 +107,5 @@ def decoder_graph(cfg: ModelConfig, weight_shapes: dict) -> Graph:
     x = g.add("model.logits_rows", "gather_rows", [x])
     x = rms_norm(g, "model.norm", x, cfg.rms_norm_eps, hidden)
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    logits = g.add("lm_head", "linear", [x], weights=[g.weight(head, (vocab, hidden))])
+    logits = g.add("lm_head", "linear", [x], weights=[g.weight(head, (vocab, hidden))], role=roles.LOGITS)
     return verify(Graph(tuple(g.nodes), logits, constants={INV_FREQ: inv_freq}, weight_shapes=shapes))

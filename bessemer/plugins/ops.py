@@ -39,6 +39,11 @@ class OpDecl:
     # output index -> input index it may overwrite (the kernel supports aliasing them).
     inplace: dict
     rows: str = ""  # "" = outputs have the rows of input 0; else a fixed rows kind
+    # What output 0's channel j is proportional to, so a per-channel factor on it can be
+    # folded there exactly (AWQ, SmoothQuant; builder/input_groups.py): "weight" = entry j
+    # of the weight (plus attrs weight_offset), "rows" = row j of the weight and bias j,
+    # "input1" = channel j of input 1; "" = nothing per channel.
+    channel_scale: str = ""
 
 
 def _same(ins, attrs, ws):
@@ -107,11 +112,12 @@ def _all_gather(ins, attrs, ws):
 
 OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("embedding", 1, 0, 1, ("table",), _embedding, {}, ROWS_TOKENS),
-    OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}),
-    OpDecl("add_rms_norm", 1, 2, 2, ("weight",), _norm, {1: 1}),
+    OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}, channel_scale="weight"),
+    OpDecl("add_rms_norm", 1, 2, 2, ("weight",), _norm, {1: 1}, channel_scale="weight"),
     OpDecl("add", 1, 2, 1, (), _same, {0: 0}),
-    OpDecl("linear", 1, 1, 1, ("weight", "bias?"), _linear, {}),
-    OpDecl("silu_mul", 1, 2, 1, (), _same, {}),
+    OpDecl("linear", 1, 1, 1, ("weight", "bias?"), _linear, {}, channel_scale="rows"),
+    # silu(gate) * up: channel j is linear in up's channel j
+    OpDecl("silu_mul", 1, 2, 1, (), _same, {}, channel_scale="input1"),
     OpDecl("gather_rows", 1, 1, 1, (), lambda i, a, w: [i[0]], {}, ROWS_SELECTED),
     # split makes views of its input (no kernel); lowering turns it into column offsets.
     OpDecl("split", 0, 1, -1, (), _split, {}),

@@ -1,5 +1,7 @@
 """shard_tensor_parallel: rewrites the graph into what rank `build.tp_rank` of `build.tp_size`
 computes (Megatron-style tensor parallelism, applied to an unchanged model as a transform).
+Each linear's role (builder/roles.py, set by the model file) says how it splits; names are
+never read. For a Llama-like layer:
 
 - Column split (output rows) of q/k/v (fused or not) by heads (rank_heads): whole KV
   groups per rank, evenly when N divides Hkv, else by shard_range (SmolLM2: 3 KV heads
@@ -9,10 +11,11 @@ computes (Megatron-style tensor parallelism, applied to an unchanged model as a 
   split after a fused linear gets the per-rank sizes.
 - KV heads fewer than ranks (N a multiple of Hkv) are replicated: rank r reads the one KV
   head its Hq/N query heads use.
-- Row split (input columns, K) of o_proj and down_proj, followed by an `all_reduce`; a bias
-  of a row-split linear stays on rank 0 only (it must be added once).
-- lm_head: vocab-parallel rows (shard_range), then `all_gather` of the logits, so rank 0
-  samples from the full vocabulary as with one rank.
+- Row split (input columns, K) of o_proj (by query heads) and down_proj (features),
+  followed by an `all_reduce`; a bias of a row-split linear stays on rank 0 only (it must
+  be added once).
+- The vocab split (lm_head): vocab-parallel rows (shard_range), then `all_gather` of the
+  logits, so rank 0 samples from the full vocabulary as with one rank.
 - Embedding and norms: replicated (every rank gathers the full table: exact, no extra
   communication; the table costs V*H per rank).
 - Quantized weights keep the whole matrix's quant params (group size chosen on the full K
@@ -25,11 +28,10 @@ from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
+from bessemer.builder.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB
 from bessemer.errors import InvalidOptionError
 from bessemer.plugins.ops import shard_range
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj")
-ROW = ("o_proj", "down_proj")
 HEAD_OPS = ("rope", "attention")
 
 
@@ -39,19 +41,33 @@ def _heads_ok(hq: int, hkv: int, n: int) -> bool:
     return hkv % n == 0 or hkv > n or (n % hkv == 0 and hq % n == 0)
 
 
-def _valid_tp(hq: int, hkv: int, inter: int) -> list[int]:
-    return [n for n in range(1, hq + 1) if inter % n == 0 and _heads_ok(hq, hkv, n)]
+def _valid_tp(hq: int, hkv: int, features: list[int]) -> list[int]:
+    return [n for n in range(1, hq + 1) if all(f % n == 0 for f in features) and _heads_ok(hq, hkv, n)]
+
+
+def _feature_sizes(graph: Graph) -> list[int]:
+    """Every length an even FEATURES split cuts: rows of column-split parts, K of row splits."""
+    sizes: dict[int, None] = {}
+    for x in graph.nodes:
+        if x.role is None or x.role.split not in (COLUMN, ROW):
+            continue
+        w = x.weights[0]
+        shapes = w.part_shapes(graph.weight_shapes)
+        for shard, shape in zip(x.role.shards, shapes):
+            if shard == FEATURES:
+                sizes.setdefault(shape[0] if x.role.split == COLUMN else w.shape[1])
+    return list(sizes)
 
 
 def _check_sizes(graph: Graph, n: int) -> dict:
     attn = [x for x in graph.nodes if x.op == "attention"]
-    mlp = [x for x in graph.nodes if x.op == "linear" and x.name.endswith(".down_proj")]
     hq, hkv = int(attn[0].attrs["num_heads"]), int(attn[0].attrs["num_kv_heads"])
-    inter = mlp[0].weights[0].shape[1] if mlp else n
-    if inter % n or not _heads_ok(hq, hkv, n):
-        ok = _valid_tp(hq, hkv, inter)
+    features = _feature_sizes(graph)
+    uneven = [f for f in features if f % n]
+    if uneven or not _heads_ok(hq, hkv, n):
+        ok = _valid_tp(hq, hkv, features)
         why = (f"num_attention_heads {hq} / num_key_value_heads {hkv}" if not _heads_ok(hq, hkv, n)
-               else f"intermediate_size {inter}")
+               else f"intermediate_size {uneven[0]}")
         raise InvalidOptionError(f"--tp {n} cannot split {why} across ranks; use --tp {' or '.join(map(str, ok))}")
     return dict(hq=hq, hkv=hkv, head_dim=int(attn[0].attrs["head_dim"]))
 
@@ -69,24 +85,23 @@ def rank_heads(hq: int, hkv: int, n: int, r: int) -> tuple[int, int, int, int]:
     return q0, q0 + per, q0 // group, q0 // group + 1
 
 
-def _rows(name: str, full_rows: int, heads: dict, n: int, r: int) -> tuple[int, int]:
-    """Row range rank r holds of a column-split HF part (weight or bias)."""
+def _rows(shard: str, full_rows: int, heads: dict, n: int, r: int) -> tuple[int, int]:
+    """Row range rank r holds of a column-split HF part (weight or bias) that cuts `shard`."""
     d = heads["head_dim"]
     q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
-    module = name.rsplit(".", 2)[-2]
-    if module == "q_proj":
+    if shard == QUERY_HEADS:
         return q0 * d, q1 * d
-    if module in ("k_proj", "v_proj"):
+    if shard == KV_HEADS:
         return kv0 * d, kv1 * d
-    per = full_rows // n  # gate_proj, up_proj
+    per = full_rows // n  # FEATURES
     return r * per, (r + 1) * per
 
 
-def _slice_rows(ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
+def _slice_rows(ref: WeightRef, shards: tuple[str, ...], shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
     slices = []
-    for p in ref.parts:
+    for p, shard in zip(ref.parts, shards):
         full = shapes[p]
-        r0, r1 = _rows(p, full[0], heads, n, r)
+        r0, r1 = _rows(shard, full[0], heads, n, r)
         slices.append((r0, r1, 0, full[1] if len(full) > 1 else 0))
     rows = sum(s[1] - s[0] for s in slices)
     return replace(ref, shape=(rows,) + tuple(ref.shape[1:]), slices=tuple(slices))
@@ -108,9 +123,9 @@ def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r
 
 
 def _cuts(node: Node, k: int, heads: dict, n: int, r: int) -> tuple[int, int]:
-    """Input columns [c0, c1) of a row-split linear on rank r: o_proj reads this rank's
-    attention heads, down_proj an even share of the intermediate features."""
-    if node.name.endswith(".o_proj"):
+    """Input columns [c0, c1) of a row-split linear on rank r: one that reads attention
+    (QUERY_HEADS, o_proj) takes this rank's heads, a FEATURES one an even share."""
+    if node.role.shards[0] == QUERY_HEADS:
         q0, q1, _, _ = rank_heads(heads["hq"], heads["hkv"], n, r)
         return q0 * heads["head_dim"], q1 * heads["head_dim"]
     return r * (k // n), (r + 1) * (k // n)
@@ -135,19 +150,20 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
     for node in graph.nodes:
         for old, new in renames.items():
             node = _rename(node, old, new)
-        suffix = node.name.rsplit(".", 1)[-1]
-        if node.op == "linear" and suffix in COLUMN:
-            ws = tuple(_slice_rows(w, shapes, heads, n, r) if w is not None else None for w in node.weights)
+        split = node.role.split if node.role is not None else None
+        if node.op == "linear" and split == COLUMN:
+            ws = tuple(_slice_rows(w, node.role.shards, shapes, heads, n, r) if w is not None else None
+                       for w in node.weights)
             new_widths[node.outputs[0]] = [s[1] - s[0] for s in ws[0].slices]
             nodes.append(replace(node, weights=ws))
-        elif node.op == "linear" and suffix in ROW:
+        elif node.op == "linear" and split == ROW:
             w = _slice_cols(node, node.weights[0], shapes, heads, n, r)
             bias = node.weights[1:] if r == 0 else ()  # the bias is added once, on rank 0
             out, reduced = node.outputs[0], f"{node.outputs[0]}.all_reduce"
             nodes.append(replace(node, weights=(w,) + tuple(bias)))
             nodes.append(Node(f"{node.name}.all_reduce", "all_reduce", (out,), (reduced,), (), dict(comm)))
             renames[out] = reduced
-        elif node.op == "linear" and node.name == "lm_head":
+        elif node.op == "linear" and split == VOCAB:
             vocab = node.weights[0].shape[0]
             start, stop = shard_range(vocab, n, r)
             if stop <= start:
@@ -159,16 +175,17 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
                     continue
                 full = shapes[w.parts[0]]
                 # its own name: a tied table is also read whole by the (replicated) embedding
-                ws.append(WeightRef(f"lm_head.{w.name.rsplit('.', 1)[-1]}.tp_shard", w.parts,
+                ws.append(WeightRef(f"{node.name}.{w.name.rsplit('.', 1)[-1]}.tp_shard", w.parts,
                                     (stop - start,) + tuple(full[1:]), w.quant,
                                     ((start, stop, 0, full[1] if len(full) > 1 else 0),)))
             out, gathered = node.outputs[0], f"{node.outputs[0]}.all_gather"
             nodes.append(replace(node, weights=tuple(ws)))
-            nodes.append(Node("lm_head.all_gather", "all_gather", (out,), (gathered,), (),
+            nodes.append(Node(f"{node.name}.all_gather", "all_gather", (out,), (gathered,), (),
                               dict(comm, full_width=vocab)))
             renames[out] = gathered
         elif node.op == "linear":
-            raise GraphError(f"{node.name}: no tensor-parallel rule for this linear")
+            raise GraphError(f"{node.name}: this linear has no role saying how tensor parallelism splits it "
+                             "(set one in its model file, builder/roles.py)")
         elif node.op == "split" and node.inputs[0] in new_widths:
             nodes.append(replace(node, attrs=dict(node.attrs, sizes=new_widths[node.inputs[0]])))
         elif node.op in HEAD_OPS:
