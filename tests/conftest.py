@@ -28,7 +28,30 @@ TINY_FAMILIES = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
     "mistral": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+    # RoPE kinds on the Llama graph (yarn: fixed table + attention factor; dynamic: the
+    # default table within max_position_embeddings)
+    "llama-yarn": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama-dynamic": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
+    "seed-oss": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                                       tie_word_embeddings=False, head_dim=16)),
+    # layer 1 of 2 without RoPE
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=0,
+                                      bos_token_id=1, eos_token_id=2)),
+    "olmo2": ("Olmo2Config", dict(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # packed qkv_proj / gate_up_proj, a window on every layer, half the dims rotated, longrope
+    "phi3": ("Phi3Config", dict(tie_word_embeddings=False, sliding_window=12, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2, rope_parameters={
+                                    "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                    "short_factor": [1.0, 1.3, 1.9, 2.6], "long_factor": [1.5, 2.0, 3.0, 4.0]},
+                                original_max_position_embeddings=64)),
 }
+
+
+# the families added with the checks of issue 23 (each is also in the TP, quantization and
+# fold tests of tests/test_families.py)
+NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:

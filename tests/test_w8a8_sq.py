@@ -179,7 +179,7 @@ def test_smoothquant_factors_and_folds_are_exact():
               InputGroup(f"{m}.gate_proj", (), (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"),
                          Fold((f"{p}.post_attention_layernorm.weight",))),
               InputGroup(f"{m}.down_proj", (), (f"{m}.down_proj.weight",), Fold((f"{m}.up_proj.weight",)))]
-    transforms, mult, report = smoothquant_transforms(t.get, groups, amax, 0.5, "kernel")
+    transforms, mult, report = smoothquant_transforms(t.get, groups, amax, 0.5, {f"{a}.o_proj.weight"})
     g = {k: transforms[k].apply(v) if k in transforms else v for k, v in t.items()}
     x = rng.standard_normal((5, H)).astype(np.float32)
     for norm, lin in [("input_layernorm", "self_attn.v_proj"), ("post_attention_layernorm", "mlp.gate_proj")]:
@@ -194,5 +194,5 @@ def test_smoothquant_factors_and_folds_are_exact():
     np.testing.assert_allclose(h2 @ g[f"{p}.mlp.down_proj.weight"].T, h @ t[f"{p}.mlp.down_proj.weight"].T,
                                rtol=1e-4, atol=1e-4)
     assert set(report) == set(amax)
-    _, mult_none, _ = smoothquant_transforms(t.get, groups, amax, 0.5, "none")
+    _, mult_none, _ = smoothquant_transforms(t.get, groups, amax, 0.5)
     assert mult_none == {}

@@ -43,14 +43,15 @@ class CalibrationResult:
         return float(self.stats[self.weight_keys[spec.parts[0]]]["abs_max"].max())
 
 
-def calibrate(ckpt, groups: list[InputGroup], quant, say) -> CalibrationResult:
-    """groups: the model's input groups (builder/input_groups.py, from its unpassed graph)."""
+def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: frozenset = frozenset()) -> CalibrationResult:
+    """groups: the model's input groups (builder/input_groups.py, from its unpassed graph);
+    kernel_smoothed: first weights of the linears whose w8a8 kernel applies a stored 1/s."""
     from bessemer.quantization.awq import awq_transforms
 
     spec = CalibrationSpec(Path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
-        return _calibrate_smoothquant(ckpt, groups, quant, spec, say)
+        return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
     # only GPTQ (int4, or fp8 codes rounded by GPTQ) needs the (K, K) input Hessians; AWQ
     # and FP8 read abs_mean / abs_max / samples
     stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=quant.uses_gptq)
@@ -66,7 +67,7 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say) -> CalibrationResult:
     return result
 
 
-def _calibrate_smoothquant(ckpt, groups, quant, spec, say) -> CalibrationResult:
+def _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed) -> CalibrationResult:
     from bessemer.quantization.modelopt_calib import modelopt_available, modelopt_act_amax
     from bessemer.quantization.smoothquant import smoothquant_transforms
 
@@ -83,7 +84,7 @@ def _calibrate_smoothquant(ckpt, groups, quant, spec, say) -> CalibrationResult:
     result = CalibrationResult({}, quant.algorithm, backend=backend,
                                report={"stats_s": round(time.perf_counter() - t, 2), "rows": rows, "backend": backend})
     result.transforms, result.multipliers, per_group = smoothquant_transforms(
-        ckpt.get, groups, act_amax, quant.smoothquant_alpha, quant.o_proj_smoothing)
+        ckpt.get, groups, act_amax, quant.smoothquant_alpha, kernel_smoothed)
     result.report["smoothquant"] = per_group
     say(f"smoothquant: factors for {len(per_group)} inputs (alpha {quant.smoothquant_alpha}, {backend} statistics)")
     return result

@@ -8,9 +8,14 @@ from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
 from bessemer.builder.roles import LinearRole
 
 
-def _concat(name: str, refs: list[WeightRef]) -> WeightRef:
+def _concat(name: str, refs: list[WeightRef], shapes: dict) -> WeightRef:
+    """refs stacked on axis 0; row ranges of packed tensors (WeightRef.slices) are kept."""
     shape = (sum(r.shape[0] for r in refs),) + tuple(refs[0].shape[1:])
-    return WeightRef(name, tuple(p for r in refs for p in r.parts), shape)
+    slices = ()
+    if any(r.slices for r in refs):
+        slices = tuple(s for r in refs for s in (r.slices or [
+            (0, shapes[p][0], 0, shapes[p][1] if len(shapes[p]) > 1 else 0) for p in r.parts]))
+    return WeightRef(name, tuple(p for r in refs for p in r.parts), shape, slices=slices)
 
 
 def fuse_sibling_linears(graph: Graph, kind: str) -> Graph:
@@ -33,9 +38,9 @@ def fuse_sibling_linears(graph: Graph, kind: str) -> Graph:
         has_bias = [len(g.weights) > 1 and g.weights[1] is not None for g in group]
         if any(has_bias) and not all(has_bias):
             continue  # a partial bias would need a zero tensor; leave such groups unfused
-        weights = [_concat(f"{name}.weight", [g.weights[0] for g in group])]
+        weights = [_concat(f"{name}.weight", [g.weights[0] for g in group], graph.weight_shapes)]
         if all(has_bias):
-            weights.append(_concat(f"{name}.bias", [g.weights[1] for g in group]))
+            weights.append(_concat(f"{name}.bias", [g.weights[1] for g in group], graph.weight_shapes))
         widths = [g.weights[0].shape[0] for g in group]
         role = LinearRole(group[0].role.split, tuple(s for g in group for s in g.role.shards))
         fused_nodes = [Node(name, "linear", group[0].inputs, (name,), tuple(weights), {}, role),

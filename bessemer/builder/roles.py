@@ -22,7 +22,10 @@ SPLITS = (COLUMN, ROW, VOCAB)
 QUERY_HEADS = "query_heads"  # whole query heads, grouped with their KV head (rank_heads)
 KV_HEADS = "kv_heads"  # the KV heads of those query heads
 FEATURES = "features"  # an even share of the MLP's intermediate features
-SHARDS = (QUERY_HEADS, KV_HEADS, FEATURES)
+# every rank computes all rows: q/k normalised across all heads (OLMo2's q_norm); the rank
+# takes its own heads once the value reaches rope/attention (shard_tensor_parallel.py)
+WHOLE = "whole"
+SHARDS = (QUERY_HEADS, KV_HEADS, FEATURES, WHOLE)
 
 # Fusion groups: the linears of one group that read one input become one linear.
 QKV = "qkv"  # builder/passes/fuse_qkv.py

@@ -29,6 +29,13 @@ class ModelConfig:
     hidden_act: str = "silu"
     # per-layer sliding window (0 = full attention); length num_hidden_layers
     sliding_windows: tuple[int, ...] = ()
+    # per layer, as HF: 1 = the layer applies RoPE, 0 = it does not (SmolLM3); () = every layer
+    no_rope_layers: tuple[int, ...] = ()
+    # q/k normalisation before RoPE: "" none, "full" one RMSNorm over all heads (OLMo2)
+    qk_norm: str = ""
+    # where a block's norm sits: "pre" (on its input, Llama) or "post" (on its output, before
+    # the residual add: OLMo2's post_attention_layernorm / post_feedforward_layernorm)
+    norm_placement: str = "pre"
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)
@@ -36,6 +43,7 @@ class ModelConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["sliding_windows"] = list(self.sliding_windows)
+        d["no_rope_layers"] = list(self.no_rope_layers)
         d["eos_token_id"] = list(self.eos_token_id)
         return d
 
@@ -51,7 +59,27 @@ def rope_parameters_from_hf(hf: dict) -> dict:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
     params["rope_theta"] = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    # as transformers' standardize_rope_params: top-level fields of older configs (Phi-3/4)
+    if hf.get("partial_rotary_factor") is not None:
+        params.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        if hf.get("original_max_position_embeddings") is not None:
+            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
     return dict(sorted(params.items()))
+
+
+def layer_windows(hf: dict) -> tuple[int, ...]:
+    """Per-layer sliding windows of Qwen-style configs: only layers that `layer_types` (or,
+    in older configs, max_window_layers) mark sliding, and only with use_sliding_window."""
+    n = hf["num_hidden_layers"]
+    window = int(hf.get("sliding_window") or 0)
+    if not hf.get("use_sliding_window") or not window:
+        return (0,) * n
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention"
+        for i in range(n)]
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
 def eos_ids(hf: dict) -> tuple[int, ...]:

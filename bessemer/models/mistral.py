@@ -10,7 +10,7 @@ from bessemer.models.config import ModelConfig
 
 def config_from_hf(hf: dict) -> ModelConfig:
     window = int(hf.get("sliding_window") or 0)
-    return llama.config_from_hf(hf, sliding_windows=(window,) * hf["num_hidden_layers"],
+    return llama.config_from_hf(hf, ("sliding_window",), sliding_windows=(window,) * hf["num_hidden_layers"],
                                 attention_bias=False, o_proj_bias=False, mlp_bias=False)
 
 

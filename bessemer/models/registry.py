@@ -10,7 +10,11 @@ from bessemer.errors import UnsupportedModelError
 ARCHITECTURES = {
     "LlamaForCausalLM": "bessemer.models.llama",
     "MistralForCausalLM": "bessemer.models.mistral",
+    "Olmo2ForCausalLM": "bessemer.models.olmo2",
+    "Phi3ForCausalLM": "bessemer.models.phi3",
     "Qwen2ForCausalLM": "bessemer.models.qwen2",
+    "SeedOssForCausalLM": "bessemer.models.seed_oss",
+    "SmolLM3ForCausalLM": "bessemer.models.smollm3",
 }
 
 

@@ -22,15 +22,18 @@ class Fold:
 
     tensors: tuple[str, ...]
     offset: float = 0.0  # the first tensor is used as (w + offset), e.g. Gemma's 1 + w norms
+    # per tensor, (r0, r1, total rows) when only those rows scale the channels (a projection
+    # packed with others in one checkpoint tensor, Phi-3's gate_up_proj), or None: all rows
+    rows: tuple = ()
 
 
 @dataclass(frozen=True)
 class InputGroup:
     """The linears that read one value, in graph order."""
 
-    key: str  # the first linear's name: calibration records the input under it
-    linears: tuple[str, ...]  # node names (HF module paths)
-    weights: tuple[str, ...]  # their weight tensors, (N_i, K) each
+    key: str  # the first weight's HF module: calibration records the input under it
+    linears: tuple[str, ...]  # the HF modules owning the weights
+    weights: tuple[str, ...]  # checkpoint weight tensors, (N_i, K) each
     fold: Fold | None  # None: no producer takes 1/s exactly (attention output, residual stream)
 
 
@@ -79,8 +82,11 @@ class ChannelScales:
             self.scale(name, col=s)
         inv = (1.0 / s).astype(np.float32)
         if group.fold is not None:
-            first, *rest = group.fold.tensors
-            self.scale(first, row=inv, offset=group.fold.offset)
-            for name in rest:
-                self.scale(name, row=inv)
+            rows = group.fold.rows or (None,) * len(group.fold.tensors)
+            for i, (name, r) in enumerate(zip(group.fold.tensors, rows)):
+                row = inv
+                if r is not None:  # the other rows of the tensor are left as they are (x 1)
+                    row = np.ones(r[2], dtype=np.float32)
+                    row[r[0]:r[1]] = inv
+                self.scale(name, row=row, offset=group.fold.offset if i == 0 else 0.0)
         return inv

@@ -19,8 +19,9 @@ read from the graph by builder/input_groups.py; for a Llama layer):
                 the channels of one KV head are shared by several query heads). Either the
                 kernel multiplies the activations by 1/s before quantizing them
                 (o_proj_smoothing "kernel") or o_proj is not smoothed ("none", the default:
-                measured slightly better on SmolLM2, see quantization/config.py). Any
-                input without a fold is treated so.
+                measured slightly better on SmolLM2, see quantization/config.py). Other
+                inputs without a fold (OLMo2's residual stream into q/k/v, gate/up)
+                are not smoothed: the quantize pass gives only o_proj the kernel's 1/s.
 
 Factors are shared by the linears that read one input (their weights concatenated).
 Reference: Xiao et al., 2023. Pure functions; the builder applies the result.
@@ -53,12 +54,13 @@ def smooth_factors(act_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np
 
 
 def smoothquant_transforms(get, groups: list[InputGroup], act_amax: dict, alpha: float,
-                           unfolded: str = "none") -> tuple[dict, dict, dict]:
+                           kernel_smoothed: frozenset = frozenset()) -> tuple[dict, dict, dict]:
     """Factors for every input group (builder/input_groups.py).
 
-    get(name): an fp32 checkpoint tensor; act_amax: {group key: (K,) max |x|}; unfolded:
-    what an input without a fold gets (QuantConfig.o_proj_smoothing): "kernel" (a stored
-    1/s the kernel applies) or "none" (not smoothed).
+    get(name): an fp32 checkpoint tensor; act_amax: {group key: (K,) max |x|};
+    kernel_smoothed: the first weights of groups without a fold whose kernel applies a stored
+    1/s (the quantize pass's `smooth`, o_proj_smoothing "kernel"); other unfolded groups are
+    not smoothed.
     Returns (transforms {tensor: Transform}, multipliers {first weight of an unfolded group:
     (K,) 1/s for the kernel}, report).
     """
@@ -66,7 +68,7 @@ def smoothquant_transforms(get, groups: list[InputGroup], act_amax: dict, alpha:
     multipliers: dict[str, np.ndarray] = {}
     report = {}
     for group in groups:
-        if group.fold is None and unfolded == "none":
+        if group.fold is None and group.weights[0] not in kernel_smoothed:
             continue
         a = np.asarray(act_amax[group.key], dtype=np.float32)
         s = smooth_factors(a, weight_in_amax([get(n) for n in group.weights]), alpha)

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
-from bessemer.builder.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB
+from bessemer.builder.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB, WHOLE
 from bessemer.errors import InvalidOptionError
 from bessemer.plugins.ops import shard_range
 
@@ -93,23 +93,31 @@ def _rows(shard: str, full_rows: int, heads: dict, n: int, r: int) -> tuple[int,
         return q0 * d, q1 * d
     if shard == KV_HEADS:
         return kv0 * d, kv1 * d
+    if shard == WHOLE:
+        return 0, full_rows
     per = full_rows // n  # FEATURES
     return r * per, (r + 1) * per
 
 
+def _part_blocks(ref: WeightRef, shapes: dict) -> list[tuple[int, int, int, int]]:
+    """(r0, r1, c0, c1) each part covers: its slice (rows of a packed tensor) or all of it."""
+    if ref.slices:
+        return list(ref.slices)
+    return [(0, shapes[p][0], 0, shapes[p][1] if len(shapes[p]) > 1 else 0) for p in ref.parts]
+
+
 def _slice_rows(ref: WeightRef, shards: tuple[str, ...], shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
     slices = []
-    for p, shard in zip(ref.parts, shards):
-        full = shapes[p]
-        r0, r1 = _rows(shard, full[0], heads, n, r)
-        slices.append((r0, r1, 0, full[1] if len(full) > 1 else 0))
+    for (b0, b1, c0, c1), shard in zip(_part_blocks(ref, shapes), shards):
+        r0, r1 = _rows(shard, b1 - b0, heads, n, r)
+        slices.append((b0 + r0, b0 + r1, c0, c1))
     rows = sum(s[1] - s[0] for s in slices)
     return replace(ref, shape=(rows,) + tuple(ref.shape[1:]), slices=tuple(slices))
 
 
 def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
-    (part,) = ref.parts
-    rows, k = shapes[part]
+    ((b0, b1, k0, k1),) = _part_blocks(ref, shapes)
+    rows, k = b1 - b0, k1 - k0
     c0, c1 = _cuts(node, k, heads, n, r)
     q = dict(ref.quant)
     g = q.get("group_size")
@@ -119,7 +127,7 @@ def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r
         raise InvalidOptionError(
             f"{node.name}: --tp {n} cuts its {k} input features at column {c0 if c0 % g else c1}, inside a "
             f"4-bit group of {g}; use --group-size {' or '.join(map(str, fits)) or 16}")
-    return replace(ref, shape=(rows, c1 - c0), slices=((0, rows, c0, c1),))
+    return replace(ref, shape=(rows, c1 - c0), slices=((b0, b1, k0 + c0, k0 + c1),))
 
 
 def _cuts(node: Node, k: int, heads: dict, n: int, r: int) -> tuple[int, int]:
@@ -129,6 +137,24 @@ def _cuts(node: Node, k: int, heads: dict, n: int, r: int) -> tuple[int, int]:
         q0, q1, _, _ = rank_heads(heads["hq"], heads["hkv"], n, r)
         return q0 * heads["head_dim"], q1 * heads["head_dim"]
     return r * (k // n), (r + 1) * (k // n)
+
+
+def _take_rank_heads(node: Node, whole: set[str], heads: dict, n: int, r: int) -> list[Node]:
+    """Before rope/attention: a split that takes this rank's heads out of each input that
+    holds all of them (a WHOLE q or k after its cross-head norm), then the node reading it.
+    Inputs are (q, k[, v]): the first holds query heads, the others KV heads."""
+    q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
+    d, out, inputs = heads["head_dim"], [], list(node.inputs)
+    for i, value in enumerate(node.inputs):
+        if value not in whole:
+            continue
+        (a, b), full = ((q0, q1), heads["hq"]) if i == 0 else ((kv0, kv1), heads["hkv"])
+        pieces = [(f"{value}.{name}", (hi - lo) * d) for name, lo, hi in
+                  (("heads_before", 0, a), ("rank_heads", a, b), ("heads_after", b, full)) if hi > lo]
+        out.append(Node(f"{node.name}.input{i}.rank_heads", "split", (value,), tuple(v for v, _ in pieces), (),
+                        {"sizes": [w for _, w in pieces]}))
+        inputs[i] = f"{value}.rank_heads"
+    return out + [replace(node, inputs=tuple(inputs))]
 
 
 def _rename(node: Node, old: str, new: str) -> Node:
@@ -145,6 +171,8 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
     shapes = graph.weight_shapes
     comm = dict(tp_size=n, tp_rank=r)
     new_widths: dict[str, list[int]] = {}  # fused linear output -> per-part rows (for its split)
+    whole_parts: dict[str, list[bool]] = {}  # column-split linear output -> which parts are WHOLE
+    whole: set[str] = set()  # values holding every head (WHOLE parts, and norms of them)
     renames: dict[str, str] = {}  # value -> the collective's output that replaces it
     nodes: list[Node] = []
     for node in graph.nodes:
@@ -155,6 +183,9 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
             ws = tuple(_slice_rows(w, node.role.shards, shapes, heads, n, r) if w is not None else None
                        for w in node.weights)
             new_widths[node.outputs[0]] = [s[1] - s[0] for s in ws[0].slices]
+            whole_parts[node.outputs[0]] = [s == WHOLE for s in node.role.shards]
+            if whole_parts[node.outputs[0]] == [True]:
+                whole.add(node.outputs[0])
             nodes.append(replace(node, weights=ws))
         elif node.op == "linear" and split == ROW:
             w = _slice_cols(node, node.weights[0], shapes, heads, n, r)
@@ -188,9 +219,16 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
                              "(set one in its model file, builder/roles.py)")
         elif node.op == "split" and node.inputs[0] in new_widths:
             nodes.append(replace(node, attrs=dict(node.attrs, sizes=new_widths[node.inputs[0]])))
+            whole.update(o for o, w in zip(node.outputs, whole_parts[node.inputs[0]]) if w)
         elif node.op in HEAD_OPS:
             q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
-            nodes.append(replace(node, attrs=dict(node.attrs, num_heads=q1 - q0, num_kv_heads=kv1 - kv0)))
+            nodes.extend(_take_rank_heads(replace(node, attrs=dict(node.attrs, num_heads=q1 - q0,
+                                                                   num_kv_heads=kv1 - kv0)), whole, heads, n, r))
+        elif any(i in whole for i in node.inputs):
+            if node.op != "rms_norm":  # a norm across heads keeps them all; nothing else is known to
+                raise GraphError(f"{node.name}: no tensor-parallel rule for {node.op} on a value holding all heads")
+            whole.add(node.outputs[0])
+            nodes.append(node)
         else:
             nodes.append(node)
     output = renames.get(graph.output, graph.output)

@@ -1,0 +1,296 @@
+"""Model families beyond Llama/Mistral/Qwen2, and a build that is never silently wrong.
+
+Exactness vs HF (fp32, bf16, greedy) and TP2 == TP1 run for every tiny family in
+test_models_tiny.py and test_tensor_parallel.py; here: checkpoints labelled with the wrong
+architecture are refused, RoPE tables equal transformers' own, the per-channel folds of
+AWQ/SmoothQuant are exact on every family's graph, and each family runs quantized
+(weights-only against HF with the same fake-quantized weights; calibrated modes end to end)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import NEW_FAMILIES, TINY_BASE, WIKITEXT, _hf_model, make_tiny_checkpoint, model_graph
+from test_quantization import _fake_quantize_hf
+from tolerances import (CALIBRATED_FAMILY_REL_ERROR, FAKE_QUANT_LOGITS_ATOL, FAKE_QUANT_LOGITS_RTOL, INTERPRETER_ATOL,
+                        W4_BF16_FAKE_QUANT_LOGITS_RTOL)
+
+from bessemer.builder.build import build_engine
+from bessemer.builder.config import BuildConfig
+from bessemer.builder.input_groups import input_groups
+from bessemer.builder.interpret import interpret
+from bessemer.errors import InvalidOptionError, UnsupportedModelError
+from bessemer.quantization.channel_scales import ChannelScales
+from bessemer.quantization.config import QuantConfig
+from bessemer.runtime.llm import LLM
+
+
+def _hf_checkpoint(config_cls: str, out: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny random checkpoint of any transformers config class (not a TINY_FAMILIES one)."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides})
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
+def _relabel(ckpt: Path, architecture: str) -> Path:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["architectures"] = [architecture]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    return ckpt
+
+
+# ---------------------------------------------------------------- a build is never silently wrong
+
+@pytest.mark.parametrize("config_cls,overrides,names", [
+    # Qwen3's per-head q/k norms are tensors a Llama graph never reads
+    ("Qwen3Config", dict(head_dim=16), r"checkpoint tensor model\.layers\.0\.self_attn\.k_norm\.weight \(and \d+ more\) "
+                                       r"is not used by the LlamaForCausalLM graph"),
+    # Granite's tensors are Llama's: its multipliers give it away
+    ("GraniteConfig", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078,
+                           logits_scaling=8.0), r"config\.json sets embedding_multiplier=12\.0, which changes"),
+    # so do SmolLM3's layers without RoPE
+    ("SmolLM3Config", dict(no_rope_layer_interval=2, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+     r"config\.json sets no_rope_layers=\[1, 0\], which changes the model's maths and LlamaForCausalLM does not"),
+])
+def test_checkpoint_labelled_llama_is_refused(config_cls, overrides, names, tmp_path):
+    ckpt = _relabel(_hf_checkpoint(config_cls, tmp_path / "hf", **overrides), "LlamaForCausalLM")
+    with pytest.raises(UnsupportedModelError, match=names + r".*correct \"architectures\" in config\.json"):
+        build_engine(ckpt, tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+
+
+def test_cli_names_the_unused_tensor(tmp_path):
+    import subprocess
+
+    ckpt = _relabel(_hf_checkpoint("Qwen3Config", tmp_path / "hf", head_dim=16), "LlamaForCausalLM")
+    r = subprocess.run(["build-engine", str(ckpt), "--output", str(tmp_path / "e"), "-q"],
+                       capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: checkpoint tensor model.layers.0")
+    assert "_norm.weight" in lines[0] and not (tmp_path / "e").exists()
+
+
+def test_correct_labels_still_build(tiny_checkpoint, tmp_path):
+    """The same guards pass the real thing: a Qwen2 checkpoint's window fields, and an old
+    checkpoint's saved rotary inv_freq buffers (explained, not used)."""
+    from safetensors.numpy import load_file, save_file
+
+    ckpt = tiny_checkpoint("qwen2")
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in ckpt.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(old / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)
+    save_file(tensors, old / "model.safetensors", metadata={"format": "pt"})
+    build_engine(old, tmp_path / "e")
+    tensors["model.layers.0.mlp.extra.weight"] = np.ones((2, 2), np.float32)
+    save_file(tensors, old / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.0\.mlp\.extra\.weight is not used"):
+        build_engine(old, tmp_path / "e2")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0"),
+    ("layer_types", ["sliding_attention", "full_attention"], "layer_types=['sliding_attention', 'full_attention']"),
+    ("rope_parameters", {"rope_type": "su2", "rope_theta": 1e4}, "rope_type 'su2' is not supported"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2]},
+     "rope parameter 'mrope_section' (rope_type default) changes the maths"),
+])
+def test_config_fields_that_change_the_maths_are_errors(field, value, message, tiny_checkpoint, tmp_path):
+    ckpt = tmp_path / "hf"
+    ckpt.mkdir()
+    for f in tiny_checkpoint("llama-untied").iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg[field] = value
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match=__import__("re").escape(message)):
+        build_engine(ckpt, tmp_path / "e")
+
+
+def test_longrope_is_exact_only_within_its_original_context(tiny_checkpoint, tmp_path):
+    with pytest.raises(InvalidOptionError, match=r"--max-seq-len 65 exceeds the original context 64 of longrope .*"
+                                                 r"use --max-seq-len 64 or less"):
+        build_engine(tiny_checkpoint("phi3"), tmp_path / "e", BuildConfig(max_seq_len=65))
+    engine = build_engine(tiny_checkpoint("phi3"), tmp_path / "e")
+    assert json.loads((engine / "config.json").read_text())["build"]["max_seq_len"] == 64
+
+
+# ---------------------------------------------------------------- RoPE tables vs transformers
+
+@pytest.mark.parametrize("params,max_positions,head_dim", [
+    ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, 256, 16),
+    ({"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 4096,
+      "beta_fast": 16, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}, 32768, 128),
+    ({"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+      "short_factor": list(np.linspace(1.0, 2.0, 48)), "long_factor": list(np.linspace(1.0, 9.0, 48)),
+      "partial_rotary_factor": 0.75}, 131072, 128),
+    ({"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 4.0}, 8192, 64),
+    ({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}, 131072, 64),
+])
+def test_rope_tables_equal_transformers(params, max_positions, head_dim):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from bessemer.models.rope import rope_tables
+
+    hf = transformers.LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+                                  max_position_embeddings=max_positions, rope_parameters=dict(params))
+    inv_hf, scale_hf = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf, "cpu")  # within the original context
+    inv, scale, rotary_dim = rope_tables(params, head_dim, max_positions)
+    assert rotary_dim == 2 * len(inv_hf) and scale == pytest.approx(scale_hf, rel=1e-12)
+    np.testing.assert_allclose(inv, inv_hf.numpy(), rtol=2e-7, atol=0)
+
+
+# ---------------------------------------------------------------- quantization reads roles on every family
+
+FOLDED = {  # which linear inputs take 1/s in a producer: q/k/v, gate/up (pre-norms) and down_proj (up rows)
+    "olmo2": ("down_proj",),  # post-norm: q/k/v and gate/up read the residual stream itself
+}
+
+
+@pytest.mark.parametrize("kind", ["llama-untied", *NEW_FAMILIES])
+def test_channel_scale_folds_are_exact(kind, tiny_checkpoint):
+    """W diag(s) on every weight reading an input with a fold, 1/s into the fold: the graph
+    computes the same logits (Phi-3: up's rows of the packed gate_up_proj; OLMo2: only
+    down_proj has a fold)."""
+    graph, ckpt = model_graph(tiny_checkpoint(kind))
+    groups = input_groups(graph)
+    folded = sorted({g.key.rsplit(".", 1)[1] for g in groups if g.fold is not None})
+    expect = FOLDED.get(kind, ("down_proj", "gate_up_proj", "qkv_proj") if kind == "phi3" else
+                        ("down_proj", "gate_proj", "q_proj"))
+    assert folded == sorted(expect)
+    rng = np.random.default_rng(0)
+    scales = ChannelScales()
+    for g in groups:
+        if g.fold is not None:
+            k = graph.weight_shapes[g.weights[0]][1]
+            scales.smooth(g, rng.uniform(0.25, 4.0, k).astype(np.float32))
+
+    def smoothed(name):
+        t = scales.transforms.get(name)
+        return ckpt.get(name) if t is None else t.apply(ckpt.get(name))
+
+    ids = list(range(3, 40))
+    ref = interpret(graph, ckpt.get, ids)
+    assert np.abs(interpret(graph, smoothed, ids) - ref).max() <= INTERPRETER_ATOL * max(1.0, np.abs(ref).max())
+
+
+WEIGHT_ONLY = {"llama-yarn": QuantConfig("w8a16"), "llama-dynamic": QuantConfig("w4a16", group_size=32),
+               "seed-oss": QuantConfig("w4a16", group_size=32, zero_point=True), "smollm3": QuantConfig("w8a16"),
+               "olmo2": QuantConfig("w4a16", group_size=32), "phi3": QuantConfig("w4a16", group_size=32)}
+
+
+@pytest.mark.parametrize("kind", NEW_FAMILIES)
+def test_weight_only_quantized_family_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path):
+    import torch
+
+    quant = WEIGHT_ONLY[kind]
+    ckpt = tiny_checkpoint(kind)
+    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
+    hf = _fake_quantize_hf(copy.deepcopy(_hf_model(str(ckpt), "float32")), quant)
+    llm = LLM(engine, num_threads=2)
+    prompts = [list(range(5, 45)), [7, 8, 9]]
+    rtol = W4_BF16_FAKE_QUANT_LOGITS_RTOL if quant.bits == 4 else FAKE_QUANT_LOGITS_RTOL
+    for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].numpy()
+        assert np.abs(got - ref).max() <= FAKE_QUANT_LOGITS_ATOL + rtol * np.abs(ref).max()
+
+
+@pytest.fixture(scope="module")
+def calibration_text(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("calib") / "text.txt"
+    path.write_text(WIKITEXT.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
+def _with_word_tokenizer(ckpt: Path, out: Path) -> Path:
+    """Calibration reads text through the checkpoint's tokenizer: a word-level one over 250 ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    out.mkdir()
+    for f in ckpt.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    words = [w for w, _ in Counter(WIKITEXT.read_text(encoding="utf-8")[:200_000].split()).most_common(249)]
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+CALIBRATED = [("w4a16-awq", dict(group_size=32)), ("w4a16-gptq", dict(group_size=32)),
+              ("w8a8-sq", dict(calib_backend="native", o_proj_smoothing="kernel")), ("fp8", {})]
+
+
+@pytest.mark.parametrize("mode,options", CALIBRATED, ids=[m for m, _ in CALIBRATED])
+@pytest.mark.parametrize("kind", ["olmo2", "phi3", "smollm3", "seed-oss"])
+def test_calibrated_modes_build_and_stay_close(kind, mode, options, tiny_checkpoint, calibration_text,
+                                               tmp_path, monkeypatch):
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    ckpt = _with_word_tokenizer(tiny_checkpoint(kind), tmp_path / "hf")
+    quant = QuantConfig(mode, calib_data=str(calibration_text), calib_samples=4, calib_seq_len=64,
+                        lm_head="none", **options)
+    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
+    report = json.loads((engine / "build_report.json").read_text())
+    assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer
+    llm = LLM(engine, num_threads=2)
+    ids = list(range(5, 45))
+    ref = _hf_model(str(tiny_checkpoint(kind)), "float32")
+    import torch
+
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0].numpy()
+    rel = np.abs(llm.score([ids])[0] - expected).max() / np.abs(expected).max()
+    print(f"{kind} {mode}: max |engine - HF fp32| / max |HF| = {rel:.4f}")
+    assert rel <= CALIBRATED_FAMILY_REL_ERROR[mode]
+
+
+@pytest.mark.parametrize("kind", ["phi3", "olmo2"])
+def test_calibrated_tp2_equals_tp1(kind, calibration_text, tmp_path, monkeypatch):
+    """One AWQ calibration, each rank its slice: Phi-3's packed rows and OLMo2's all-heads
+    q/k shard like any other weight (intermediate 128: 64 per rank, whole 4-bit groups)."""
+    from test_tensor_parallel import _compare
+
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    ckpt = _with_word_tokenizer(make_tiny_checkpoint(kind, tmp_path / "base", intermediate_size=128), tmp_path / "hf")
+    quant = QuantConfig("w4a16-awq", calib_data=str(calibration_text), calib_samples=4, calib_seq_len=64, group_size=32)
+    opts = dict(quant=quant, kv_block_size=4, max_num_tokens=24)
+    e1 = build_engine(ckpt, tmp_path / "tp1", BuildConfig(**opts))
+    e2 = build_engine(ckpt, tmp_path / "tp2", BuildConfig(tp_size=2, **opts))
+    _compare(e1, e2, 250, f"{kind} w4a16-awq")
+
+
+@pytest.mark.parametrize("kind", ["phi3", "olmo2"])
+def test_w8a8_sq_tp2_stays_close_to_hf(kind, calibration_text, tmp_path, monkeypatch):
+    """w8a8's per-token int8 scales of a row-split input (o_proj, down_proj) are each rank's
+    own, so TP2 is not TP1 bit for bit (on Llama too); it must stay as close to HF."""
+    import torch
+
+    monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
+    base = make_tiny_checkpoint(kind, tmp_path / "base")
+    ckpt = _with_word_tokenizer(base, tmp_path / "hf")
+    quant = QuantConfig("w8a8-sq", calib_data=str(calibration_text), calib_samples=4, calib_seq_len=64,
+                        calib_backend="native", o_proj_smoothing="kernel", lm_head="none")
+    engine = build_engine(ckpt, tmp_path / "tp2", BuildConfig(quant=quant, tp_size=2, kv_block_size=4))
+    ids = list(range(5, 45))
+    with torch.no_grad():
+        expected = _hf_model(str(base), "float32")(torch.tensor([ids])).logits[0].numpy()
+    llm = LLM(engine)
+    try:
+        rel = np.abs(llm.score([ids])[0] - expected).max() / np.abs(expected).max()
+    finally:
+        llm.close()
+    print(f"{kind} w8a8-sq tp2: max |engine - HF fp32| / max |HF| = {rel:.4f}")
+    assert rel <= CALIBRATED_FAMILY_REL_ERROR["w8a8-sq"]
