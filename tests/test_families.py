@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEW_FAMILIES, TINY_BASE, WIKITEXT, _hf_model, make_tiny_checkpoint, model_graph
+from conftest import GRAPH_ONLY_FAMILIES, NEW_FAMILIES, TINY_BASE, WIKITEXT, _hf_model, make_tiny_checkpoint, model_graph
 from test_quantization import _fake_quantize_hf
 from tolerances import (CALIBRATED_FAMILY_REL_ERROR, FAKE_QUANT_LOGITS_ATOL, FAKE_QUANT_LOGITS_RTOL, INTERPRETER_ATOL,
                         W4_BF16_FAKE_QUANT_LOGITS_RTOL)
@@ -157,10 +157,12 @@ def test_rope_tables_equal_transformers(params, max_positions, head_dim):
 
 FOLDED = {  # which linear inputs take 1/s in a producer: q/k/v, gate/up (pre-norms) and down_proj (up rows)
     "olmo2": ("down_proj",),  # post-norm: q/k/v and gate/up read the residual stream itself
+    "mixtral": ("q_proj",),  # the router's input is also read by the experts: no fold
+    "qwen2-moe": ("down_proj", "q_proj"),  # the shared expert's down_proj: into its up rows
 }
 
 
-@pytest.mark.parametrize("kind", ["llama-untied", *NEW_FAMILIES])
+@pytest.mark.parametrize("kind", ["llama-untied", *NEW_FAMILIES, *sorted(GRAPH_ONLY_FAMILIES)])
 def test_channel_scale_folds_are_exact(kind, tiny_checkpoint):
     """W diag(s) on every weight reading an input with a fold, 1/s into the fold: the graph
     computes the same logits (Phi-3: up's rows of the packed gate_up_proj; OLMo2: only
@@ -294,3 +296,57 @@ def test_w8a8_sq_tp2_stays_close_to_hf(kind, calibration_text, tmp_path, monkeyp
         llm.close()
     print(f"{kind} w8a8-sq tp2: max |engine - HF fp32| / max |HF| = {rel:.4f}")
     assert rel <= CALIBRATED_FAMILY_REL_ERROR["w8a8-sq"]
+
+
+# ---------------------------------------------------------------- graphs whose ops have no cpu kernel yet
+
+@pytest.mark.parametrize("kind", sorted(GRAPH_ONLY_FAMILIES))
+def test_graph_only_family_matches_hf_in_the_interpreter(kind, tiny_checkpoint, tmp_path):
+    """The graph (new ops run by their NumPy references) vs HF fp32, before and after the
+    fusion passes and split over two tensor-parallel ranks; a build for the cpu target is
+    refused naming the ops it lacks."""
+    from conftest import hf_logits
+
+    from bessemer.builder.interpret import interpret_ranks
+    from bessemer.builder.pipeline import run_passes
+
+    ckpt_dir = tiny_checkpoint(kind)
+    graph, ckpt = model_graph(ckpt_dir)
+    ids = list(range(3, 40))
+    ref = hf_logits(ckpt_dir, ids)
+    got = interpret(graph, ckpt.get, ids)
+    print(f"{kind}: max |interpreter - HF fp32| = {np.abs(got - ref).max():.3g} (max |HF| {np.abs(ref).max():.3g})")
+    assert np.abs(got - ref).max() <= INTERPRETER_ATOL
+    fused = run_passes(graph, BuildConfig(), lowered=False)[0]
+    ranks = [run_passes(graph, BuildConfig(tp_size=2, tp_rank=r), lowered=False)[0] for r in range(2)]
+    for variant in ([fused], ranks):
+        assert np.abs(interpret_ranks(variant, ckpt.get, ids) - got).max() <= INTERPRETER_ATOL
+    with pytest.raises(UnsupportedModelError, match="which the cpu target has no kernel for yet"):
+        build_engine(ckpt_dir, tmp_path / "e")
+
+
+def test_gemma3_multimodal_checkpoint_builds_its_text_model(tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint: the text model's graph (vision tower and
+    projector tensors named as ignored) equals HF's logits on text."""
+    import torch
+    import transformers
+
+    text = dict(TINY_BASE, head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                vocab_size=300, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and "language_model" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    graph, ckpt = model_graph(tmp_path / "hf")
+    assert graph.nodes[0].name == "language_model.model.embed_tokens"
+    ids = list(range(3, 40))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(interpret(graph, ckpt.get, ids) - ref).max() <= INTERPRETER_ATOL

@@ -68,6 +68,7 @@ MATH_FIELDS: dict[str, Callable] = {
     "num_local_experts": _falsy,
     "n_routed_experts": _falsy,
     "attention_sink": _falsy,
+    "use_bidirectional_attention": _falsy,
 }
 
 

@@ -31,11 +31,29 @@ class ModelConfig:
     sliding_windows: tuple[int, ...] = ()
     # per layer, as HF: 1 = the layer applies RoPE, 0 = it does not (SmolLM3); () = every layer
     no_rope_layers: tuple[int, ...] = ()
-    # q/k normalisation before RoPE: "" none, "full" one RMSNorm over all heads (OLMo2)
+    # q/k normalisation before RoPE: "" none, "full" one RMSNorm over all heads (OLMo2),
+    # "per_head" one RMSNorm per head with a (head_dim,) weight (Qwen3, Gemma 3)
     qk_norm: str = ""
-    # where a block's norm sits: "pre" (on its input, Llama) or "post" (on its output, before
-    # the residual add: OLMo2's post_attention_layernorm / post_feedforward_layernorm)
+    # where a block's norm sits: "pre" (on its input, Llama), "post" (on its output, before
+    # the residual add: OLMo2's post_attention_layernorm / post_feedforward_layernorm), or
+    # "sandwich" (both: Gemma 3's input/post_attention and pre/post_feedforward norms)
     norm_placement: str = "pre"
+    # RMSNorm computes x * (weight + offset): 1.0 for Gemma's zero-centred weights
+    norm_weight_offset: float = 0.0
+    # HF layer_types, kept when RoPE differs per layer type (Gemma 3: rope_parameters is
+    # {layer type: params}, local sliding layers and global layers with their own bases)
+    layer_types: tuple[str, ...] = ()
+    embedding_multiplier: float = 1.0  # Granite's; Gemma scales embeddings by sqrt(hidden_size)
+    residual_multiplier: float = 1.0  # Granite: each block's output scaled before the residual add
+    logits_scaling: float = 1.0  # Granite: logits divided by it
+    attention_multiplier: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    # mixture of experts (HF num_local_experts or num_experts); 0: dense MLPs
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k routing probabilities
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense expert beside them
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse block
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)
@@ -43,7 +61,8 @@ class ModelConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["sliding_windows"] = list(self.sliding_windows)
-        d["no_rope_layers"] = list(self.no_rope_layers)
+        for name in ("no_rope_layers", "layer_types", "moe_layers"):
+            d[name] = list(getattr(self, name))
         d["eos_token_id"] = list(self.eos_token_id)
         return d
 

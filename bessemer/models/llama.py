@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bessemer.builder.graph import Graph
 from bessemer.errors import UnsupportedModelError
-from bessemer.models.blocks import decoder_graph
+from bessemer.models.decoder import decoder_graph
 from bessemer.models.checks import check_math_fields
 from bessemer.models.config import ModelConfig, eos_ids, rope_parameters_from_hf
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bessemer.builder.graph import Graph
 from bessemer.models import llama
-from bessemer.models.blocks import decoder_graph
+from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig, layer_windows
 
 WINDOW_FIELDS = ("sliding_window", "use_sliding_window", "layer_types")

@@ -44,6 +44,10 @@ class OpDecl:
     # of the weight (plus attrs weight_offset), "rows" = row j of the weight and bias j,
     # "input1" = channel j of input 1; "" = nothing per channel.
     channel_scale: str = ""
+    # targets with a kernel for this op; an op declared with its reference before its
+    # kernels exist (graphs verified against HF by builder/interpret.py) has none yet, and a
+    # build for a target without it is refused (builder/pipeline.py)
+    targets: tuple[str, ...] = ("cpu",)
 
 
 def _same(ins, attrs, ws):
@@ -94,6 +98,29 @@ def _attention(ins, attrs, ws):
     return [hq * d]
 
 
+def _heads_norm(ins, attrs, ws):
+    h, d = int(attrs["num_heads"]), int(attrs["head_dim"])
+    if ins[0] != h * d or ws[0] != (d,):
+        raise ValueError(f"per-head norm of width {ins[0]} with weight {ws[0]} does not match {h} heads x {d}")
+    return [ins[0]]
+
+
+def _gate_column(ins, attrs, ws):
+    if ins[1] != 1:
+        raise ValueError(f"gate width {ins[1]} != 1")
+    return [ins[0]]
+
+
+def _moe(ins, attrs, ws):
+    hidden, experts = ins
+    size, n = int(attrs["expert_size"]), int(attrs["num_experts"])
+    if experts != n or not 0 < int(attrs["top_k"]) <= n:
+        raise ValueError(f"router width {experts} / top_k {attrs['top_k']} do not fit {n} experts")
+    if ws[0] != (n * 2 * size, hidden) or ws[1] != (n * hidden, size):
+        raise ValueError(f"expert weights {ws[0]}, {ws[1]} do not match {n} experts of {size} x {hidden}")
+    return [hidden]
+
+
 def shard_range(full: int, tp_size: int, rank: int) -> tuple[int, int]:
     """Rows [start, stop) of a `full`-long axis that `rank` holds when it is cut in tp_size
     contiguous pieces of ceil(full / tp_size) (the last may be shorter): the rule of the
@@ -123,6 +150,24 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("split", 0, 1, -1, (), _split, {}),
     OpDecl("rope", 1, 2, 2, ("inv_freq",), _rope, {0: 0, 1: 1}),
     OpDecl("attention", 1, 3, 1, (), _attention, {}),
+    # -- declared with their references; kernels to come (targets=()) --
+    # RMSNorm of each head of a (T, num_heads * head_dim) value, one (head_dim,) weight for
+    # all heads (Qwen3, Gemma 3 q/k norms); attrs num_heads, head_dim, eps, weight_offset,
+    # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
+    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}, targets=()),
+    # gelu_tanh(gate) * up (Gemma's gated MLP)
+    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1", targets=()),
+    # x * factor (attrs factor): Gemma's sqrt(hidden) embeddings, Granite's multipliers
+    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}, targets=()),
+    # y * sigmoid(g), g one column (Qwen2-MoE's shared expert gate)
+    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}, targets=()),
+    # Mixture of experts: x (T, H) and router logits (T, E) -> (T, H). Weights: every
+    # expert's [gate; up] rows stacked (E*2I, H) and its down rows (E*H, I); only the top_k
+    # experts a token routes to are read; silu(gate) * up. attrs num_experts, top_k,
+    # expert_size (I), softmax_after_topk (0: softmax over all experts then top-k, Mixtral
+    # and Qwen; 1: softmax over the top-k logits, gpt-oss), norm_topk_prob (renormalise the
+    # top-k probabilities when 0).
+    OpDecl("moe", 1, 2, 1, ("gate_up", "down"), _moe, {}, targets=()),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
     # all_reduce: every rank's x replaced by the sum over ranks (in place).
     OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
@@ -200,3 +245,54 @@ def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_
         p /= p.sum(axis=1, keepdims=True)
         out[:, h] = p @ vh[:, h // group]
     return out.reshape(tq, -1).astype(np.float32)
+
+
+def ref_rms_norm_heads(x, w, num_heads, head_dim, eps, weight_offset=0.0):
+    t = x.reshape(len(x), num_heads, head_dim)
+    return ref_rms_norm(t, w, eps, weight_offset).reshape(len(x), -1)
+
+
+def ref_gelu_tanh_mul(g, u):
+    g64 = g.astype(np.float64)
+    gelu = 0.5 * g64 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g64 + 0.044715 * g64 ** 3)))
+    return (gelu * u).astype(np.float32)
+
+
+def ref_scale(x, factor):
+    return (x.astype(np.float64) * factor).astype(np.float32)
+
+
+def ref_sigmoid_gate_mul(y, g):
+    return (y.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
+
+
+def ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob):
+    """(T, E) router logits -> (experts (T, k), weights (T, k)), as transformers routes."""
+    z = logits.astype(np.float64)
+    if softmax_after_topk:
+        top = np.argsort(-z, axis=1, kind="stable")[:, :top_k]
+        v = np.take_along_axis(z, top, axis=1)
+        p = np.exp(v - v.max(axis=1, keepdims=True))
+        return top, p / p.sum(axis=1, keepdims=True)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, top, axis=1)
+    return top, (w / w.sum(axis=1, keepdims=True) if norm_topk_prob else w)
+
+
+def ref_moe(x, logits, gate_up, down, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob):
+    """x: (T, H); gate_up: (E*2I, H), expert e's gate rows then up rows; down: (E*H, I)."""
+    top, weights = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
+    i, h = expert_size, x.shape[1]
+    x64, out = x.astype(np.float64), np.zeros((len(x), h))
+    for e in range(num_experts):
+        rows, slot = np.nonzero(top == e)  # the tokens routed to e: only e's weights are read
+        if len(rows) == 0:
+            continue
+        gu = x64[rows] @ gate_up[e * 2 * i:(e + 1) * 2 * i].T.astype(np.float64)
+        g, u = gu[:, :i], gu[:, i:]
+        act = g / (1.0 + np.exp(-g)) * u
+        y = act @ down[e * h:(e + 1) * h].T.astype(np.float64)
+        out[rows] += y * weights[rows, slot][:, None]
+    return out.astype(np.float32)

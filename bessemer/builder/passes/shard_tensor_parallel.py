@@ -56,6 +56,9 @@ def _feature_sizes(graph: Graph) -> list[int]:
         for shard, shape in zip(x.role.shards, shapes):
             if shard == FEATURES:
                 sizes.setdefault(shape[0] if x.role.split == COLUMN else w.shape[1])
+    for x in graph.nodes:
+        if x.op == "moe":
+            sizes.setdefault(int(x.attrs["expert_size"]))
     return list(sizes)
 
 
@@ -157,6 +160,18 @@ def _take_rank_heads(node: Node, whole: set[str], heads: dict, n: int, r: int) -
     return out + [replace(node, inputs=tuple(inputs))]
 
 
+def _shard_experts(node: Node, shapes: dict, n: int, r: int) -> Node:
+    """Rank r's share of each expert: rows [r I/n, (r+1) I/n) of its gate and up, the same
+    columns of its down; the rank's partial outputs are summed by an all_reduce after it."""
+    size = int(node.attrs["expert_size"]) // n
+    gate_up, down = node.weights
+    rows = tuple((r * size, (r + 1) * size, 0, shapes[p][1]) for p in gate_up.parts)
+    cols = tuple((0, shapes[p][0], r * size, (r + 1) * size) for p in down.parts)
+    return replace(node, weights=(replace(gate_up, shape=(len(rows) * size, gate_up.shape[1]), slices=rows),
+                                  replace(down, shape=(down.shape[0], size), slices=cols)),
+                   attrs=dict(node.attrs, expert_size=size))
+
+
 def _rename(node: Node, old: str, new: str) -> Node:
     if old not in node.inputs:
         return node
@@ -224,9 +239,15 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
             q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
             nodes.extend(_take_rank_heads(replace(node, attrs=dict(node.attrs, num_heads=q1 - q0,
                                                                    num_kv_heads=kv1 - kv0)), whole, heads, n, r))
-        elif any(i in whole for i in node.inputs):
-            if node.op != "rms_norm":  # a norm across heads keeps them all; nothing else is known to
-                raise GraphError(f"{node.name}: no tensor-parallel rule for {node.op} on a value holding all heads")
+        elif node.op == "rms_norm_heads":  # per head: the rank's q (or KV) heads
+            q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
+            nodes.append(replace(node, attrs=dict(node.attrs, num_heads=kv1 - kv0 if node.attrs["kv_heads"] else q1 - q0)))
+        elif node.op == "moe":  # every expert's intermediate features split evenly, like an MLP
+            nodes.append(_shard_experts(node, shapes, n, r))
+            out, reduced = node.outputs[0], f"{node.outputs[0]}.all_reduce"
+            nodes.append(Node(f"{node.name}.all_reduce", "all_reduce", (out,), (reduced,), (), dict(comm)))
+            renames[out] = reduced
+        elif node.op == "rms_norm" and node.inputs[0] in whole:  # a norm across heads keeps them all
             whole.add(node.outputs[0])
             nodes.append(node)
         else:
