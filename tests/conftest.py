@@ -65,6 +65,12 @@ GRAPH_ONLY_FAMILIES = {
     "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                          shared_expert_intermediate_size=48, norm_topk_prob=False,
                                          tie_word_embeddings=False)),
+    # alternating window 6 / full layers, yarn, sinks, clamped-swiglu experts with biases
+    "gpt-oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=6,
+                                     tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                      "original_max_position_embeddings": 64})),
     "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
                                          norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
 }

@@ -158,6 +158,7 @@ def test_rope_tables_equal_transformers(params, max_positions, head_dim):
 FOLDED = {  # which linear inputs take 1/s in a producer: q/k/v, gate/up (pre-norms) and down_proj (up rows)
     "olmo2": ("down_proj",),  # post-norm: q/k/v and gate/up read the residual stream itself
     "mixtral": ("q_proj",),  # the router's input is also read by the experts: no fold
+    "gpt-oss": ("q_proj",),
     "qwen2-moe": ("down_proj", "q_proj"),  # the shared expert's down_proj: into its up rows
 }
 
@@ -318,7 +319,12 @@ def test_graph_only_family_matches_hf_in_the_interpreter(kind, tiny_checkpoint, 
     print(f"{kind}: max |interpreter - HF fp32| = {np.abs(got - ref).max():.3g} (max |HF| {np.abs(ref).max():.3g})")
     assert np.abs(got - ref).max() <= INTERPRETER_ATOL
     fused = run_passes(graph, BuildConfig(), lowered=False)[0]
-    ranks = [run_passes(graph, BuildConfig(tp_size=2, tp_rank=r), lowered=False)[0] for r in range(2)]
+    if kind == "gpt-oss":  # its stacked experts are not split yet
+        with pytest.raises(InvalidOptionError, match="--tp of experts stored stacked .gpt-oss. is not implemented"):
+            run_passes(graph, BuildConfig(tp_size=2, tp_rank=0), lowered=False)
+        ranks = [fused]
+    else:
+        ranks = [run_passes(graph, BuildConfig(tp_size=2, tp_rank=r), lowered=False)[0] for r in range(2)]
     for variant in ([fused], ranks):
         assert np.abs(interpret_ranks(variant, ckpt.get, ids) - got).max() <= INTERPRETER_ATOL
     with pytest.raises(UnsupportedModelError, match="which the cpu target has no kernel for yet"):

@@ -98,8 +98,12 @@ def _run(n, x, ws, ids) -> list[np.ndarray]:
     elif n.op == "sigmoid_gate_mul":
         outs = [ops.ref_sigmoid_gate_mul(x[0], x[1])]
     elif n.op == "moe":
-        outs = [ops.ref_moe(x[0], x[1], ws[0], ws[1], int(a["num_experts"]), int(a["top_k"]),
-                            int(a["expert_size"]), bool(a["softmax_after_topk"]), bool(a["norm_topk_prob"]))]
+        outs = [ops.ref_moe(x[0], x[1], ws, int(a["num_experts"]), int(a["top_k"]), int(a["expert_size"]),
+                            bool(a["softmax_after_topk"]), bool(a["norm_topk_prob"]), int(a.get("layout", 0)),
+                            int(a.get("activation", 0)))]
+    elif n.op == "attention_sinks":
+        outs = [ops.ref_attention(x[0], x[1], x[2], pos, pos, int(a["num_heads"]), int(a["num_kv_heads"]),
+                                  int(a["head_dim"]), a["scale"], int(a["sliding_window"]), sinks=ws[0])]
     else:
         raise NotImplementedError(n.op)
     return outs

@@ -14,6 +14,7 @@ from __future__ import annotations
 from bessemer.builder import roles
 from bessemer.models.config import ModelConfig
 from bessemer.models.graph_builder import GraphBuilder
+from bessemer.plugins.ops import moe_weight_shapes
 
 # the activations of a gated MLP (HF hidden_act / hidden_activation) -> the op computing act(gate) * up
 GATED_ACTS = {"silu": "silu_mul", "swish": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul"}
@@ -70,8 +71,9 @@ def attention_block(g: GraphBuilder, cfg: ModelConfig, layer: int, x: str, rope:
                      [g.weight(inv_freq, g.weight_shapes[inv_freq])], **heads,
                      **{a: v for a, v in rope.items() if a != "inv_freq"})
     softmax_scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else cfg.head_dim ** -0.5
-    o = g.add(f"{p}.attn", "attention", [q, k, v], layer=layer, scale=softmax_scale,
-              sliding_window=cfg.sliding_windows[layer] if cfg.sliding_windows else 0, **heads)
+    sinks = [g.weight(f"{p}.sinks", (cfg.num_attention_heads,))] if cfg.attention_sinks else []
+    o = g.add(f"{p}.attn", "attention_sinks" if sinks else "attention", [q, k, v], weights=sinks, layer=layer,
+              scale=softmax_scale, sliding_window=cfg.sliding_windows[layer] if cfg.sliding_windows else 0, **heads)
     return linear(g, f"{p}.o_proj", o, hidden, cfg.num_attention_heads * d, cfg.o_proj_bias,
                   roles.row(roles.QUERY_HEADS))
 
@@ -88,17 +90,26 @@ def gated_mlp(g: GraphBuilder, cfg: ModelConfig, p: str, x: str, inter: int) -> 
 
 def sparse_moe(g: GraphBuilder, cfg: ModelConfig, p: str, x: str, names: dict) -> str:
     """The top-k mixture of experts at module path p (plus Qwen2-MoE's gated shared expert).
-    names: the checkpoint's module names: router, expert path template, gate/up/down."""
+    names: the checkpoint's module names (router, per-expert path template and gate/up/down
+    names), or "stacked": the experts' tensors stored stacked, gpt-oss style."""
     hidden, n, inter = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
-    logits = linear(g, f"{p}.{names['router']}", x, n, hidden, False, roles.column(roles.WHOLE))
-    expert = [f"{p}.{names['experts'].format(e)}" for e in range(n)]
-    gate_up = g.stacked(f"{p}.experts.gate_up_proj.weight",
-                        [f"{m}.{names[w]}.weight" for m in expert for w in ("gate", "up")], (n * 2 * inter, hidden))
-    down = g.stacked(f"{p}.experts.down_proj.weight", [f"{m}.{names['down']}.weight" for m in expert],
-                     (n * hidden, inter))
-    y = g.add(f"{p}.experts", "moe", [x, logits], weights=[gate_up, down], num_experts=n,
-              top_k=cfg.num_experts_per_tok, expert_size=inter, softmax_after_topk=0,
-              norm_topk_prob=int(cfg.norm_topk_prob))
+    logits = linear(g, f"{p}.{names['router']}", x, n, hidden, cfg.moe_bias, roles.column(roles.WHOLE))
+    attrs = dict(num_experts=n, top_k=cfg.num_experts_per_tok, expert_size=inter,
+                 softmax_after_topk=int(cfg.moe_routing == "topk_softmax"), norm_topk_prob=int(cfg.norm_topk_prob),
+                 activation=int(cfg.moe_activation == "swiglu_oai"))
+    if names.get("stacked"):
+        attrs["layout"] = 1
+        e = f"{p}.experts"
+        shapes = moe_weight_shapes(attrs, hidden)
+        weights = [g.weight(name, shape) for name, shape in zip(
+            (f"{e}.gate_up_proj", f"{e}.down_proj", f"{e}.gate_up_proj_bias", f"{e}.down_proj_bias"), shapes)]
+    else:
+        expert = [f"{p}.{names['experts'].format(e)}" for e in range(n)]
+        weights = [g.stacked(f"{p}.experts.gate_up_proj.weight",
+                             [f"{m}.{names[w]}.weight" for m in expert for w in ("gate", "up")], (n * 2 * inter, hidden)),
+                   g.stacked(f"{p}.experts.down_proj.weight", [f"{m}.{names['down']}.weight" for m in expert],
+                             (n * hidden, inter))]
+    y = g.add(f"{p}.experts", "moe", [x, logits], weights=weights, **attrs)
     if not cfg.shared_expert_intermediate_size:
         return y
     shared = gated_mlp(g, cfg, f"{p}.shared_expert", x, cfg.shared_expert_intermediate_size)

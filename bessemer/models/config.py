@@ -54,6 +54,10 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalise the top-k routing probabilities
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a gated dense expert beside them
     moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse block
+    moe_routing: str = "softmax_topk"  # or "topk_softmax" (gpt-oss: softmax over the top-k logits)
+    moe_activation: str = "silu"  # or "swiglu_oai" (gpt-oss's clamped swiglu)
+    moe_bias: bool = False  # router and experts have biases (gpt-oss)
+    attention_sinks: bool = False  # a learned softmax logit per head (gpt-oss)
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)

@@ -10,6 +10,7 @@ from bessemer.errors import UnsupportedModelError
 ARCHITECTURES = {
     "Gemma3ForCausalLM": "bessemer.models.gemma3",
     "Gemma3ForConditionalGeneration": "bessemer.models.gemma3",  # its text model
+    "GptOssForCausalLM": "bessemer.models.gpt_oss",
     "GraniteForCausalLM": "bessemer.models.granite",
     "LlamaForCausalLM": "bessemer.models.llama",
     "MistralForCausalLM": "bessemer.models.mistral",

@@ -111,14 +111,30 @@ def _gate_column(ins, attrs, ws):
     return [ins[0]]
 
 
+def moe_weight_shapes(attrs, hidden: int) -> list[tuple[int, ...]]:
+    """gate_up, down (and their biases) as a moe node's layout stores them: 0 = per-expert
+    [gate; up] rows stacked (E*2I, H) and down (E*H, I); 1 = gpt-oss's stacked tensors,
+    input-major with gate/up interleaved: (E, H, 2I) and (E, I, H)."""
+    n, size = int(attrs["num_experts"]), int(attrs["expert_size"])
+    if int(attrs.get("layout", 0)) == 1:
+        return [(n, hidden, 2 * size), (n, size, hidden), (n, 2 * size), (n, hidden)]
+    return [(n * 2 * size, hidden), (n * hidden, size), (n * 2 * size,), (n * hidden,)]
+
+
 def _moe(ins, attrs, ws):
     hidden, experts = ins
-    size, n = int(attrs["expert_size"]), int(attrs["num_experts"])
+    n = int(attrs["num_experts"])
     if experts != n or not 0 < int(attrs["top_k"]) <= n:
         raise ValueError(f"router width {experts} / top_k {attrs['top_k']} do not fit {n} experts")
-    if ws[0] != (n * 2 * size, hidden) or ws[1] != (n * hidden, size):
-        raise ValueError(f"expert weights {ws[0]}, {ws[1]} do not match {n} experts of {size} x {hidden}")
+    if [tuple(w) for w in ws] != moe_weight_shapes(attrs, hidden)[:len(ws)]:
+        raise ValueError(f"expert weights {ws} do not match {n} experts of {attrs['expert_size']} x {hidden}")
     return [hidden]
+
+
+def _attention_sinks(ins, attrs, ws):
+    if ws[0] != (int(attrs["num_heads"]),):
+        raise ValueError(f"sinks {ws[0]} != ({attrs['num_heads']},)")
+    return _attention(ins, attrs, ws)
 
 
 def shard_range(full: int, tp_size: int, rank: int) -> tuple[int, int]:
@@ -166,8 +182,11 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # experts a token routes to are read; silu(gate) * up. attrs num_experts, top_k,
     # expert_size (I), softmax_after_topk (0: softmax over all experts then top-k, Mixtral
     # and Qwen; 1: softmax over the top-k logits, gpt-oss), norm_topk_prob (renormalise the
-    # top-k probabilities when 0).
-    OpDecl("moe", 1, 2, 1, ("gate_up", "down"), _moe, {}, targets=()),
+    # top-k probabilities); layout (moe_weight_shapes); activation (0: silu(gate) * up;
+    # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)).
+    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}, targets=()),
+    # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
+    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
     # all_reduce: every rank's x replaced by the sum over ranks (in place).
     OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
@@ -217,7 +236,7 @@ def ref_rope(x, positions, inv_freq, num_heads, head_dim, rotary_dim, scaling=1.
 
 
 def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_dim, scale,
-                  sliding_window=0, kv_dtype=None):
+                  sliding_window=0, kv_dtype=None, sinks=None):
     """Attention of one sequence. q: (Tq, Hq*D) at positions q_pos; k_all, v_all:
     (Tk, Hkv*D) of the whole cached context at positions kv_pos. kv_dtype "int8" / "fp8":
     K and V as a quantized cache gives them back (the cache write's reference)."""
@@ -241,8 +260,10 @@ def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_
         if sliding_window:
             mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
         s = np.where(mask, s, -np.inf)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
+        top = s.max(axis=1, keepdims=True) if sinks is None else np.maximum(s.max(axis=1, keepdims=True), sinks[h])
+        p = np.exp(s - top)
+        # a sink is one more logit in the softmax's denominator, with no value
+        p /= p.sum(axis=1, keepdims=True) + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
         out[:, h] = p @ vh[:, h // group]
     return out.reshape(tq, -1).astype(np.float32)
 
@@ -281,18 +302,38 @@ def ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob):
     return top, (w / w.sum(axis=1, keepdims=True) if norm_topk_prob else w)
 
 
-def ref_moe(x, logits, gate_up, down, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob):
-    """x: (T, H); gate_up: (E*2I, H), expert e's gate rows then up rows; down: (E*H, I)."""
-    top, weights = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
+def _expert_act(g, u, activation):
+    if activation == 1:  # gpt-oss
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        return (u + 1.0) * g / (1.0 + np.exp(-1.702 * g))
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob,
+            layout=0, activation=0):
+    """x: (T, H); weights: gate_up, down[, gate_up_bias, down_bias] as `layout` stores them
+    (moe_weight_shapes). Only the routed experts' weights are read."""
+    top, probs = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
     i, h = expert_size, x.shape[1]
+    gate_up, down = weights[0].astype(np.float64), weights[1].astype(np.float64)
+    bias_gu = weights[2].astype(np.float64) if len(weights) > 2 and weights[2] is not None else None
+    bias_d = weights[3].astype(np.float64) if len(weights) > 3 and weights[3] is not None else None
     x64, out = x.astype(np.float64), np.zeros((len(x), h))
     for e in range(num_experts):
-        rows, slot = np.nonzero(top == e)  # the tokens routed to e: only e's weights are read
+        rows, slot = np.nonzero(top == e)  # the tokens routed to e
         if len(rows) == 0:
             continue
-        gu = x64[rows] @ gate_up[e * 2 * i:(e + 1) * 2 * i].T.astype(np.float64)
-        g, u = gu[:, :i], gu[:, i:]
-        act = g / (1.0 + np.exp(-g)) * u
-        y = act @ down[e * h:(e + 1) * h].T.astype(np.float64)
-        out[rows] += y * weights[rows, slot][:, None]
+        if layout == 1:
+            gu = x64[rows] @ gate_up[e]  # (R, 2I), gate and up interleaved
+            if bias_gu is not None:
+                gu = gu + bias_gu[e]
+            y = _expert_act(gu[:, ::2], gu[:, 1::2], activation) @ down[e]
+        else:
+            gu = x64[rows] @ gate_up[e * 2 * i:(e + 1) * 2 * i].T
+            if bias_gu is not None:
+                gu = gu + bias_gu[e * 2 * i:(e + 1) * 2 * i]
+            y = _expert_act(gu[:, :i], gu[:, i:], activation) @ down[e * h:(e + 1) * h].T
+        if bias_d is not None:
+            y = y + (bias_d[e] if layout == 1 else bias_d[e * h:(e + 1) * h])
+        out[rows] += y * probs[rows, slot][:, None]
     return out.astype(np.float32)

@@ -32,7 +32,7 @@ from bessemer.builder.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW,
 from bessemer.errors import InvalidOptionError
 from bessemer.plugins.ops import shard_range
 
-HEAD_OPS = ("rope", "attention")
+HEAD_OPS = ("rope", "attention", "attention_sinks")
 
 
 def _heads_ok(hq: int, hkv: int, n: int) -> bool:
@@ -63,7 +63,7 @@ def _feature_sizes(graph: Graph) -> list[int]:
 
 
 def _check_sizes(graph: Graph, n: int) -> dict:
-    attn = [x for x in graph.nodes if x.op == "attention"]
+    attn = [x for x in graph.nodes if x.op in ("attention", "attention_sinks")]
     hq, hkv = int(attn[0].attrs["num_heads"]), int(attn[0].attrs["num_kv_heads"])
     features = _feature_sizes(graph)
     uneven = [f for f in features if f % n]
@@ -163,6 +163,8 @@ def _take_rank_heads(node: Node, whole: set[str], heads: dict, n: int, r: int) -
 def _shard_experts(node: Node, shapes: dict, n: int, r: int) -> Node:
     """Rank r's share of each expert: rows [r I/n, (r+1) I/n) of its gate and up, the same
     columns of its down; the rank's partial outputs are summed by an all_reduce after it."""
+    if int(node.attrs.get("layout", 0)) != 0:
+        raise InvalidOptionError(f"{node.name}: --tp of experts stored stacked (gpt-oss) is not implemented; use --tp 1")
     size = int(node.attrs["expert_size"]) // n
     gate_up, down = node.weights
     rows = tuple((r * size, (r + 1) * size, 0, shapes[p][1]) for p in gate_up.parts)
@@ -237,8 +239,11 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
             whole.update(o for o, w in zip(node.outputs, whole_parts[node.inputs[0]]) if w)
         elif node.op in HEAD_OPS:
             q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
-            nodes.extend(_take_rank_heads(replace(node, attrs=dict(node.attrs, num_heads=q1 - q0,
-                                                                   num_kv_heads=kv1 - kv0)), whole, heads, n, r))
+            # attention_sinks: one sink per query head, the rank's rows of it
+            ws = tuple(replace(w, shape=(q1 - q0,), slices=((q0, q1, 0, 0),)) for w in node.weights
+                       if node.op == "attention_sinks")
+            nodes.extend(_take_rank_heads(replace(node, weights=ws or node.weights, attrs=dict(
+                node.attrs, num_heads=q1 - q0, num_kv_heads=kv1 - kv0)), whole, heads, n, r))
         elif node.op == "rms_norm_heads":  # per head: the rank's q (or KV) heads
             q0, q1, kv0, kv1 = rank_heads(heads["hq"], heads["hkv"], n, r)
             nodes.append(replace(node, attrs=dict(node.attrs, num_heads=kv1 - kv0 if node.attrs["kv_heads"] else q1 - q0)))
