@@ -4,11 +4,11 @@ Exactness vs HF (fp32, bf16, greedy) and TP2 == TP1 run for every tiny family in
 test_models_tiny.py and test_tensor_parallel.py; here: checkpoints labelled with the wrong
 architecture are refused, RoPE tables equal transformers' own, the per-channel folds of
 AWQ/SmoothQuant are exact on every family's graph, and each family runs quantized
-(weights-only against HF with the same fake-quantized weights; calibrated modes end to end)."""
+(weight-only modes against HF with the same fake-quantized weights in test_quantization.py;
+calibrated modes end to end here)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GRAPH_ONLY_FAMILIES, NEW_FAMILIES, TINY_BASE, WIKITEXT, _hf_model, make_tiny_checkpoint, model_graph
-from test_quantization import _fake_quantize_hf
-from tolerances import (CALIBRATED_FAMILY_REL_ERROR, FAKE_QUANT_LOGITS_ATOL, FAKE_QUANT_LOGITS_RTOL, INTERPRETER_ATOL,
-                        W4_BF16_FAKE_QUANT_LOGITS_RTOL)
+from tolerances import CALIBRATED_FAMILY_REL_ERROR, INTERPRETER_ATOL
 
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
@@ -188,28 +186,6 @@ def test_channel_scale_folds_are_exact(kind, tiny_checkpoint):
     ids = list(range(3, 40))
     ref = interpret(graph, ckpt.get, ids)
     assert np.abs(interpret(graph, smoothed, ids) - ref).max() <= INTERPRETER_ATOL * max(1.0, np.abs(ref).max())
-
-
-WEIGHT_ONLY = {"llama-yarn": QuantConfig("w8a16"), "llama-dynamic": QuantConfig("w4a16", group_size=32),
-               "seed-oss": QuantConfig("w4a16", group_size=32, zero_point=True), "smollm3": QuantConfig("w8a16"),
-               "olmo2": QuantConfig("w4a16", group_size=32), "phi3": QuantConfig("w4a16", group_size=32)}
-
-
-@pytest.mark.parametrize("kind", NEW_FAMILIES)
-def test_weight_only_quantized_family_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path):
-    import torch
-
-    quant = WEIGHT_ONLY[kind]
-    ckpt = tiny_checkpoint(kind)
-    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
-    hf = _fake_quantize_hf(copy.deepcopy(_hf_model(str(ckpt), "float32")), quant)
-    llm = LLM(engine, num_threads=2)
-    prompts = [list(range(5, 45)), [7, 8, 9]]
-    rtol = W4_BF16_FAKE_QUANT_LOGITS_RTOL if quant.bits == 4 else FAKE_QUANT_LOGITS_RTOL
-    for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].numpy()
-        assert np.abs(got - ref).max() <= FAKE_QUANT_LOGITS_ATOL + rtol * np.abs(ref).max()
 
 
 @pytest.fixture(scope="module")
