@@ -67,6 +67,7 @@ GRAPH_ONLY_FAMILIES = {
                                          tie_word_embeddings=False)),
     # alternating window 6 / full layers, yarn, sinks, clamped-swiglu experts with biases
     "gpt-oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=6,
+                                     intermediate_size=64,  # MXFP4 blocks of 32 along K
                                      tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                                                       "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,

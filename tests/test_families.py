@@ -332,3 +332,62 @@ def test_gemma3_multimodal_checkpoint_builds_its_text_model(tmp_path):
     with torch.no_grad():
         ref = model(input_ids=torch.tensor([ids])).logits[0].numpy()
     assert np.abs(interpret(graph, ckpt.get, ids) - ref).max() <= INTERPRETER_ATOL
+
+
+# ---------------------------------------------------------------- MXFP4 (gpt-oss experts as stored)
+
+def _encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Test-side encoder: (E, K, N) float -> blocks (E, N, K/32, 16), scales (E, N, K/32)."""
+    from bessemer.quantization.mxfp4 import FP4_VALUES
+
+    rows = np.swapaxes(w, -1, -2)  # (E, N, K)
+    groups = rows.reshape(rows.shape[:-1] + (-1, 32))
+    amax = np.abs(groups).max(axis=-1)
+    exp = np.clip(np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), -127, 127).astype(np.int32)
+    scaled = groups / np.ldexp(1.0, exp)[..., None]
+    codes = np.abs(np.abs(scaled)[..., None] - FP4_VALUES[:8]).argmin(axis=-1) + 8 * (scaled < 0)
+    codes = codes.astype(np.uint8)
+    # contiguous: safetensors' numpy writer stores an array's memory order as it is
+    return (np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4), dtype=np.uint8),
+            np.ascontiguousarray(exp + 127, dtype=np.uint8))
+
+
+def test_mxfp4_decode_equals_transformers():
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from bessemer.quantization.mxfp4 import decode_mxfp4
+
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (3, 8, 4, 16), dtype=np.uint8)
+    scales = rng.integers(120, 134, (3, 8, 4), dtype=np.uint8)
+    ref = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    np.testing.assert_array_equal(decode_mxfp4(blocks, scales), ref.numpy())
+
+
+def test_gpt_oss_mxfp4_checkpoint_reads_its_experts_dequantized(tiny_checkpoint, tmp_path):
+    """gpt-oss with its experts stored as MXFP4 pairs: the graph reads them dequantized and
+    equals HF run on the same (dequantized) weights."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+
+    from bessemer.quantization.mxfp4 import decode_mxfp4
+
+    src = tiny_checkpoint("gpt-oss")
+    tensors = load_file(src / "model.safetensors")
+    packed, dense = dict(tensors), dict(tensors)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = _encode_mxfp4(tensors[name])
+        del packed[name]
+        packed[f"{name}_blocks"], packed[f"{name}_scales"] = blocks, scales
+        dense[name] = decode_mxfp4(blocks, scales)
+    for out, t in (("mxfp4", packed), ("dense", dense)):
+        (tmp_path / out).mkdir()
+        (tmp_path / out / "config.json").write_bytes((src / "config.json").read_bytes())
+        save_file(t, tmp_path / out / "model.safetensors", metadata={"format": "pt"})
+    graph, ckpt = model_graph(tmp_path / "mxfp4")
+    ids = list(range(3, 30))
+    hf = _hf_model(str(tmp_path / "dense"), "float32")
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(interpret(graph, ckpt.get, ids) - ref).max() <= INTERPRETER_ATOL
