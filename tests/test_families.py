@@ -295,12 +295,7 @@ def test_graph_only_family_matches_hf_in_the_interpreter(kind, tiny_checkpoint, 
     print(f"{kind}: max |interpreter - HF fp32| = {np.abs(got - ref).max():.3g} (max |HF| {np.abs(ref).max():.3g})")
     assert np.abs(got - ref).max() <= INTERPRETER_ATOL
     fused = run_passes(graph, BuildConfig(), lowered=False)[0]
-    if kind == "gpt-oss":  # its stacked experts are not split yet
-        with pytest.raises(InvalidOptionError, match="--tp of experts stored stacked .gpt-oss. is not implemented"):
-            run_passes(graph, BuildConfig(tp_size=2, tp_rank=0), lowered=False)
-        ranks = [fused]
-    else:
-        ranks = [run_passes(graph, BuildConfig(tp_size=2, tp_rank=r), lowered=False)[0] for r in range(2)]
+    ranks = [run_passes(graph, BuildConfig(tp_size=2, tp_rank=r), lowered=False)[0] for r in range(2)]
     for variant in ([fused], ranks):
         assert np.abs(interpret_ranks(variant, ckpt.get, ids) - got).max() <= INTERPRETER_ATOL
     with pytest.raises(UnsupportedModelError, match="which the cpu target has no kernel for yet"):

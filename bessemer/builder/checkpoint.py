@@ -123,9 +123,9 @@ class Checkpoint:
         if name in self.mxfp4:
             from bessemer.quantization.mxfp4 import decode_mxfp4
 
-            if sl is not None:
-                raise BessemerError(f"{name}: slices of an MXFP4 tensor are not read; build with --tp 1")
             blocks, scales = self.mxfp4[name]
+            if sl is not None:  # a rank's experts (rows of the stacked tensor): decode only those
+                return decode_mxfp4(self._raw(blocks)[sl[0]:sl[1]], self._raw(scales)[sl[0]:sl[1]])
             return decode_mxfp4(self._raw(blocks), self._raw(scales))
         loc = self.index[name]
         np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]

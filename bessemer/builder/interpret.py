@@ -100,7 +100,8 @@ def _run(n, x, ws, ids) -> list[np.ndarray]:
     elif n.op == "moe":
         outs = [ops.ref_moe(x[0], x[1], ws, int(a["num_experts"]), int(a["top_k"]), int(a["expert_size"]),
                             bool(a["softmax_after_topk"]), bool(a["norm_topk_prob"]), int(a.get("layout", 0)),
-                            int(a.get("activation", 0)))]
+                            int(a.get("activation", 0)), int(a.get("first_expert", 0)),
+                            int(a["local_experts"]) if "local_experts" in a else None)]
     elif n.op == "attention_sinks":
         outs = [ops.ref_attention(x[0], x[1], x[2], pos, pos, int(a["num_heads"]), int(a["num_kv_heads"]),
                                   int(a["head_dim"]), a["scale"], int(a["sliding_window"]), sinks=ws[0])]

@@ -12,7 +12,7 @@ from bessemer.models.rope import rope_tables
 
 INV_FREQ = "model.rotary_emb.inv_freq"
 # checkpoint module names of a mixture of experts (under layers.{i}.{module}): Qwen2/3-MoE's;
-# Mixtral's in models/mixtral.py
+# Mixtral's in models/moe.py
 QWEN_MOE_NAMES = {"module": "mlp", "router": "gate", "experts": "experts.{}", "gate": "gate_proj",
                   "up": "up_proj", "down": "down_proj"}
 

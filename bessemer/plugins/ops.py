@@ -116,7 +116,8 @@ def moe_weight_shapes(attrs, hidden: int) -> list[tuple[int, ...]]:
     [gate; up] rows stacked (E*2I, H) and down (E*H, I); 1 = gpt-oss's stacked tensors,
     input-major with gate/up interleaved: (E, H, 2I) and (E, I, H)."""
     n, size = int(attrs["num_experts"]), int(attrs["expert_size"])
-    if int(attrs.get("layout", 0)) == 1:
+    if int(attrs.get("layout", 0)) == 1:  # a tensor-parallel rank holds local_experts of them
+        n = int(attrs.get("local_experts", n))
         return [(n, hidden, 2 * size), (n, size, hidden), (n, 2 * size), (n, hidden)]
     return [(n * 2 * size, hidden), (n * hidden, size), (n * 2 * size,), (n * hidden,)]
 
@@ -183,7 +184,9 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # expert_size (I), softmax_after_topk (0: softmax over all experts then top-k, Mixtral
     # and Qwen; 1: softmax over the top-k logits, gpt-oss), norm_topk_prob (renormalise the
     # top-k probabilities); layout (moe_weight_shapes); activation (0: silu(gate) * up;
-    # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)).
+    # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); with
+    # layout 1 under tensor parallelism, first_expert / local_experts: the experts this rank
+    # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
     OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}, targets=()),
     # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
     OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
@@ -310,10 +313,13 @@ def _expert_act(g, u, activation):
 
 
 def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob,
-            layout=0, activation=0):
+            layout=0, activation=0, first_expert=0, local_experts=None):
     """x: (T, H); weights: gate_up, down[, gate_up_bias, down_bias] as `layout` stores them
-    (moe_weight_shapes). Only the routed experts' weights are read."""
+    (moe_weight_shapes), of experts [first_expert, first_expert + local_experts). Only the
+    routed experts' weights are read."""
     top, probs = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
+    top = top - first_expert  # local expert index; outside [0, local) is another rank's
+    num_experts = num_experts if local_experts is None else local_experts
     i, h = expert_size, x.shape[1]
     gate_up, down = weights[0].astype(np.float64), weights[1].astype(np.float64)
     bias_gu = weights[2].astype(np.float64) if len(weights) > 2 and weights[2] is not None else None

@@ -57,7 +57,7 @@ def _feature_sizes(graph: Graph) -> list[int]:
             if shard == FEATURES:
                 sizes.setdefault(shape[0] if x.role.split == COLUMN else w.shape[1])
     for x in graph.nodes:
-        if x.op == "moe":
+        if x.op == "moe" and int(x.attrs.get("layout", 0)) == 0:  # stacked experts split whole
             sizes.setdefault(int(x.attrs["expert_size"]))
     return list(sizes)
 
@@ -161,10 +161,16 @@ def _take_rank_heads(node: Node, whole: set[str], heads: dict, n: int, r: int) -
 
 
 def _shard_experts(node: Node, shapes: dict, n: int, r: int) -> Node:
-    """Rank r's share of each expert: rows [r I/n, (r+1) I/n) of its gate and up, the same
-    columns of its down; the rank's partial outputs are summed by an all_reduce after it."""
-    if int(node.attrs.get("layout", 0)) != 0:
-        raise InvalidOptionError(f"{node.name}: --tp of experts stored stacked (gpt-oss) is not implemented; use --tp 1")
+    """Rank r's share of the experts; the ranks' partial outputs are summed by an all_reduce
+    after the node. Experts stored one matrix each: rows [r I/n, (r+1) I/n) of every gate and
+    up, the same columns of every down. Stacked (gpt-oss): whole experts, shard_range of them."""
+    if int(node.attrs.get("layout", 0)) == 1:
+        e0, e1 = shard_range(int(node.attrs["num_experts"]), n, r)
+        if e1 <= e0:
+            raise InvalidOptionError(f"{node.name}: --tp {n} leaves rank {r} no experts; use a smaller --tp")
+        ws = tuple(replace(w, shape=(e1 - e0,) + tuple(w.shape[1:]), slices=((e0, e1, 0, w.shape[1]),)) if w is not None
+                   else None for w in node.weights)
+        return replace(node, weights=ws, attrs=dict(node.attrs, first_expert=e0, local_experts=e1 - e0))
     size = int(node.attrs["expert_size"]) // n
     gate_up, down = node.weights
     rows = tuple((r * size, (r + 1) * size, 0, shapes[p][1]) for p in gate_up.parts)
