@@ -381,6 +381,8 @@ def test_gpt_oss_mxfp4_checkpoint_reads_its_experts_dequantized(tiny_checkpoint,
         (tmp_path / out / "config.json").write_bytes((src / "config.json").read_bytes())
         save_file(t, tmp_path / out / "model.safetensors", metadata={"format": "pt"})
     graph, ckpt = model_graph(tmp_path / "mxfp4")
+    name = "model.layers.0.mlp.experts.down_proj"  # a tensor-parallel rank's experts decode alone
+    np.testing.assert_array_equal(ckpt.get(name, (1, 3, 0, 64)), ckpt.get(name)[1:3])
     ids = list(range(3, 30))
     hf = _hf_model(str(tmp_path / "dense"), "float32")
     with torch.no_grad():
