@@ -18,7 +18,6 @@ from bessemer.builder.calibrate import CalibrationResult
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.lower import TensorSpec
 from bessemer.format.layouts import encode
-from bessemer.quantization.awq import apply_transform
 from bessemer.quantization.formats import WeightCalibration
 
 
@@ -33,11 +32,7 @@ class WeightSource:
         """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
         arr = self.ckpt.get(name, sl)
         if self.calibration and name in self.calibration.transforms:
-            row, col = self.calibration.transforms[name]
-            if sl is not None:
-                row = row[sl[0]:sl[1]] if row is not None else None
-                col = col[sl[2]:sl[3]] if col is not None and arr.ndim == 2 else col
-            arr = apply_transform(arr, (row, col))
+            arr = self.calibration.transforms[name].apply(arr, sl)
         return arr
 
     def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
