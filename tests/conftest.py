@@ -33,21 +33,71 @@ TINY_FAMILIES = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
     "mistral": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+    # RoPE kinds on the Llama graph (yarn: fixed table + attention factor; dynamic: the
+    # default table within max_position_embeddings)
+    "llama-yarn": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama-dynamic": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
+    "seed-oss": ("SeedOssConfig", dict(attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                                       tie_word_embeddings=False, head_dim=16)),
+    # layer 1 of 2 without RoPE
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=0,
+                                      bos_token_id=1, eos_token_id=2)),
+    "olmo2": ("Olmo2Config", dict(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # packed qkv_proj / gate_up_proj, a window on every layer, half the dims rotated, longrope
+    "phi3": ("Phi3Config", dict(tie_word_embeddings=False, sliding_window=12, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2, rope_parameters={
+                                    "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                    "short_factor": [1.0, 1.3, 1.9, 2.6], "long_factor": [1.5, 2.0, 3.0, 4.0]},
+                                original_max_position_embeddings=64)),
 }
+
+
+# Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
+# graphs are checked against HF by the reference interpreter (tests/test_families.py).
+GRAPH_ONLY_FAMILIES = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=False)),
+    "granite": ("GraniteConfig", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078,
+                                      logits_scaling=8.0, tie_word_embeddings=True)),
+    # layer 0 local (window 6, base 10000), layer 1 global (base 1e6, linear scaling x2)
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                                        query_pre_attn_scalar=24, rope_parameters={
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
+                                        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
+    "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                         tie_word_embeddings=False)),
+    # alternating window 6 / full layers, yarn, sinks, clamped-swiglu experts with biases
+    "gpt-oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=6,
+                                     intermediate_size=64,  # MXFP4 blocks of 32 along K
+                                     tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                      "original_max_position_embeddings": 64})),
+    "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
+                                         norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
+}
+
+# the families added with the checks of issue 23 (each is also in the TP, quantization and
+# fold tests of tests/test_families.py)
+NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
     import torch
     import transformers
 
-    config_cls, overrides = TINY_FAMILIES[kind]
+    config_cls, overrides = {**TINY_FAMILIES, **GRAPH_ONLY_FAMILIES}[kind]
     config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            if "norm" in name:  # Gemma's norms compute x * (1 + w): weights around 0
+                p.copy_((0.0 if "gemma" in config.model_type else 1.0) + 0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
     model.save_pretrained(out)
@@ -82,6 +132,32 @@ def tiny_engine(tiny_checkpoint, tmp_path_factory):
         return built[key]
 
     return get
+
+
+def model_graph(model_dir: Path):
+    """(the family's graph before passes, its Checkpoint) of a HF checkpoint directory."""
+    from bessemer.builder.checkpoint import Checkpoint
+    from bessemer.models.registry import family_for
+
+    ckpt = Checkpoint(Path(model_dir))
+    family = family_for(ckpt.config)
+    return family.build_graph(family.config_from_hf(ckpt.config), ckpt.shapes()), ckpt
+
+
+def linear_input_keys(model_dir: Path) -> dict[str, str]:
+    """{linear module: the key calibration records its input under}, from the model's graph."""
+    from bessemer.builder import input_groups as ig
+
+    graph, ckpt = model_graph(model_dir)
+    ckpt.close()
+    return ig.linear_input_keys(ig.input_groups(graph))
+
+
+def llama_input_key(module: str) -> str:
+    """The oracle's own (name-based) view of a Llama layer: k/v read q_proj's input and
+    up_proj reads gate_proj's; what the builder derives from the graph must agree."""
+    parent, _, leaf = module.rpartition(".")
+    return f"{parent}.{ {'k_proj': 'q_proj', 'v_proj': 'q_proj', 'up_proj': 'gate_proj'}.get(leaf, leaf)}"
 
 
 def hf_logits(model_dir: Path, token_ids: list[int], dtype: str = "float32") -> np.ndarray:

@@ -4,7 +4,8 @@ on real-looking activations), and their folding/storage invariants."""
 import numpy as np
 
 from bessemer.quantization import primitives as prim
-from bessemer.quantization.awq import apply_transform, fake_quant_int4, search_scale
+from bessemer.quantization.awq import fake_quant_int4, search_scale
+from bessemer.quantization.channel_scales import Transform
 from bessemer.quantization import fp8
 from bessemer.quantization.gptq import gptq_fp8, gptq_int4
 
@@ -61,8 +62,8 @@ def test_awq_scales_reduce_output_error_and_fold_exactly():
     assert _out_err(x, w, awq) < _out_err(x, w, fake_quant_int4(w, 32, False))
     # folding: (x / s) @ (w * s)^T == x @ w^T, with the 1/s applied to what produced x
     norm = rng.standard_normal(128).astype(np.float32)
-    folded_norm = apply_transform(norm, ((1 / s).astype(np.float32), None))
-    scaled_w = apply_transform(w, (None, s))
+    folded_norm = Transform(row=(1 / s).astype(np.float32)).apply(norm)
+    scaled_w = Transform(col=s).apply(w)
     assert np.allclose((x * folded_norm) @ scaled_w.T, (x * norm) @ w.T, rtol=1e-4, atol=1e-3)
 
 
@@ -72,11 +73,12 @@ def test_calibration_statistics_match_a_direct_forward(smollm2_dir, tmp_path, mo
     import torch
 
     from bessemer.quantization.calibration import CalibrationSpec, calibration_windows, collect
-    from conftest import WIKITEXT, _hf_model
+    from conftest import WIKITEXT, _hf_model, linear_input_keys
 
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path))
     spec = CalibrationSpec(WIKITEXT, num_samples=2, seq_len=32)
-    stats = collect(smollm2_dir, spec)["model.layers.1.mlp.down_proj"]
+    keys = set(linear_input_keys(smollm2_dir).values())
+    stats = collect(smollm2_dir, spec, keys)["model.layers.1.mlp.down_proj"]
     model, rows = _hf_model(str(smollm2_dir), "float32"), []
     handle = model.model.layers[1].mlp.down_proj.register_forward_hook(
         lambda m, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1])))
@@ -89,5 +91,5 @@ def test_calibration_statistics_match_a_direct_forward(smollm2_dir, tmp_path, mo
     np.testing.assert_allclose(stats["abs_max"], np.abs(x).max(axis=0), rtol=1e-5)
     np.testing.assert_allclose(stats["abs_mean"], np.abs(x).mean(axis=0), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(stats["hessian"], x.T @ x, rtol=1e-4, atol=1e-4 * np.abs(x.T @ x).max())
-    cached = collect(smollm2_dir, spec)["model.layers.1.mlp.down_proj"]  # second call: from the cache
+    cached = collect(smollm2_dir, spec, keys)["model.layers.1.mlp.down_proj"]  # second call: from the cache
     np.testing.assert_array_equal(cached["abs_max"], stats["abs_max"])

@@ -12,11 +12,11 @@ from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization import fp8
-from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
+from bessemer.quantization.calibration import CalibrationSpec, collect
 from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.primitives import sqnr_db
 from bessemer.runtime.llm import LLM
-from conftest import WIKITEXT, _hf_model
+from conftest import WIKITEXT, _hf_model, linear_input_keys, llama_input_key
 from tolerances import FP8_FAKE_QUANT_LOGITS_RTOL, FP8_PPL_REL_TARGET, FP8_WEIGHT_MIN_SQNR_DB
 
 
@@ -149,7 +149,7 @@ def _fake_quantize_hf(model, scales: dict):
                 continue
             w = mod.weight.detach().numpy().astype(np.float32)
             mod.weight.copy_(torch.from_numpy(fp8.dequantize_fp8_per_channel(*fp8.quantize_fp8_per_channel(w))))
-            s = scales[input_key(name)]
+            s = scales[llama_input_key(name)]
             handles.append(mod.register_forward_pre_hook(
                 lambda m, args, s=s: (torch.from_numpy(fp8.fake_quant_activation(args[0].numpy(), s)),)))
     return model, handles
@@ -171,13 +171,13 @@ def test_fp8_engine_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path, m
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
 
     # the engine records a static scale per linear input: calibrated max|x| / 448
-    stats = collect(ckpt, CalibrationSpec(calib, 4, 64))
+    stats = collect(ckpt, CalibrationSpec(calib, 4, 64), set(linear_input_keys(ckpt).values()))
     scales = {key: fp8.activation_scale(s["abs_max"].max()) for key, s in stats.items()}
     report = json.loads((engine / "build_report.json").read_text())
     assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
     for weight, e in report["quant_error"].items():
         module = weight.replace("qkv_proj", "q_proj").replace("gate_up_proj", "gate_proj").rsplit(".", 1)[0]
-        assert e["input_scale"] == float(scales[input_key(module)]) and e["dtype"] == "float8_e4m3", weight
+        assert e["input_scale"] == float(scales[llama_input_key(module)]) and e["dtype"] == "float8_e4m3", weight
     config = json.loads((engine / "config.json").read_text())
     assert config["quant"]["mode"] == "fp8" and "linear_fp8@1" in config["plugins"]
     tensors = {t["name"]: t for t in report["tensors"]}

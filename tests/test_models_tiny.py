@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bessemer.runtime.llm import LLM, SamplingParams
-from conftest import TINY_FAMILIES, hf_logits
+from conftest import NEW_FAMILIES, TINY_FAMILIES, hf_logits
 from tolerances import BF16_ERROR_RATIO, FP32_LOGITS_ATOL, FP32_LOGITS_RTOL
 
 PROMPT_LENGTHS = [5, 17, 1, 33]
@@ -38,7 +38,7 @@ def test_prefill_and_decode_logits_match_hf(kind, tiny_checkpoint, tiny_engine):
         _assert_close(got, hf_logits(ckpt, ids), f"{kind} decode")
 
 
-@pytest.mark.parametrize("kind", ["llama-untied", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama-untied", "qwen2", *NEW_FAMILIES])
 def test_bf16_engine_error_within_twice_hf_bf16(kind, tiny_checkpoint, tiny_engine):
     ckpt = tiny_checkpoint(kind)
     llm = LLM(tiny_engine(kind, "bfloat16"), num_threads=2)
@@ -60,13 +60,14 @@ def test_batched_greedy_equals_each_prompt_alone(tiny_engine):
     assert all(len(t) == 12 for t in together)
 
 
-def test_greedy_generation_matches_hf_generate(tiny_checkpoint, tiny_engine):
+@pytest.mark.parametrize("kind", ["qwen2", *NEW_FAMILIES])
+def test_greedy_generation_matches_hf_generate(kind, tiny_checkpoint, tiny_engine):
     import torch
     from transformers import AutoModelForCausalLM
 
-    ckpt = tiny_checkpoint("qwen2")
+    ckpt = tiny_checkpoint(kind)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    llm = LLM(tiny_engine("qwen2"), num_threads=2)
+    llm = LLM(tiny_engine(kind), num_threads=2)
     prompts = _prompts(250, [4, 11])
     outs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     for p, out in zip(prompts, outs):

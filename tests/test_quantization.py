@@ -102,7 +102,11 @@ def _fake_quantize_hf(model, quant: QuantConfig):
 QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantConfig("w4a16", group_size=32)),
                ("qwen2", QuantConfig("w8a16")), ("qwen2", QuantConfig("w4a16", group_size=64, zero_point=True)),
                ("llama-tied", QuantConfig("w8a16")), ("llama-tied", QuantConfig("w4a16", group_size=32)),
-               ("llama-tied", QuantConfig("w4a16", group_size=64, zero_point=True, lm_head="none"))]
+               ("llama-tied", QuantConfig("w4a16", group_size=64, zero_point=True, lm_head="none")),
+               # one weight-only mode for each family added with issue 23
+               ("llama-yarn", QuantConfig("w8a16")), ("llama-dynamic", QuantConfig("w4a16", group_size=32)),
+               ("seed-oss", QuantConfig("w4a16", group_size=32, zero_point=True)), ("smollm3", QuantConfig("w8a16")),
+               ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32))]
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,
@@ -118,7 +122,8 @@ def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint
     # qkv, o, gate_up, down per layer, and lm_head (int8) unless lm_head="none"
     assert len(report["quant_error"]) == 2 * 4 + (quant.lm_head == "int8")
     plan_ops = {s["op"] for s in json.loads(_C_header(engine))["plan"]["steps"]}
-    tied_int8 = kind == "llama-tied" and quant.lm_head == "int8"
+    tied = json.loads((ckpt / "config.json").read_text()).get("tie_word_embeddings", False)
+    tied_int8 = tied and quant.lm_head == "int8"
     assert ("embedding_w8a16" in plan_ops) == tied_int8 and ("embedding" in plan_ops) != tied_int8
     from bessemer.runtime.inspect import describe, format_description
 

@@ -28,7 +28,7 @@ from bessemer.models.registry import family_for
 from bessemer.plugins import ops
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.llm import LLM, SamplingParams
-from conftest import make_tiny_checkpoint
+from conftest import NEW_FAMILIES, make_tiny_checkpoint
 from tolerances import INTERPRETER_ATOL, TP_LOGITS_ATOL, TP_LOGITS_RTOL, TP_W4_BF16_LOGITS_RTOL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_shard_pass_structure(tiny_checkpoint):
     assert by["lm_head"].weights[0].slices == ((125, 250, 0, 64),)
 
 
-@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", *NEW_FAMILIES])
 @pytest.mark.parametrize("fuse", [True, False])
 def test_sharded_graphs_compute_the_unsharded_logits(kind, fuse, tiny_checkpoint):
     # llama-tied has 1 KV head: both ranks read (replicate) it
@@ -199,7 +199,7 @@ def test_shm_collectives_match_references():
 
 # ---------------------------------------------------------------- engines: TP=2 vs TP=1
 
-@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", "mistral"])
+@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", "mistral", *NEW_FAMILIES])
 def test_tp2_equals_tp1_tiny(kind, tiny_engine):
     opts = dict(kv_block_size=4, max_num_tokens=24)
     _compare(tiny_engine(kind, **opts), tiny_engine(kind, tp_size=2, **opts), 250, kind)

@@ -11,14 +11,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import WIKITEXT, _hf_model
+from conftest import WIKITEXT, _hf_model, linear_input_keys, llama_input_key
 from tolerances import W8A8_FAKE_QUANT_LOGITS_RTOL, W8A8_SQ_PPL_REL
 
 from bessemer import LLM
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
 from bessemer.quantization import primitives as prim
-from bessemer.quantization.calibration import CalibrationSpec, collect, input_key
+from bessemer.quantization.calibration import CalibrationSpec, collect
 from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.modelopt_calib import modelopt_available
 from bessemer.quantization.smoothquant import smooth_factors, weight_in_amax
@@ -50,7 +50,7 @@ def _smoothquant_hf(model, stats, alpha, smooth_o_proj=True):
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
     groups: dict[str, list[str]] = {}
     for n in linears:
-        groups.setdefault(input_key(n), []).append(n)
+        groups.setdefault(llama_input_key(n), []).append(n)
     for key, names in groups.items():
         smooth = smooth_o_proj or not key.endswith("o_proj")
         ws = [linears[n].weight.detach().numpy() for n in names]
@@ -85,7 +85,7 @@ def test_w8a8_sq_engine_matches_unfused_hf(tiny_sq, tmp_path, monkeypatch, o_pro
     config = json.loads((engine / "config.json").read_text())
     assert config["quant"]["mode"] == "w8a8-sq" and config["quant"]["calib_backend"] == "native"
     assert config["quant"]["act_granularity"] == "per_token_dynamic" and "linear_w8a8@1" in config["plugins"]
-    stats = collect(tiny_sq, CalibrationSpec(WIKITEXT, 8, 64))  # cached by the build
+    stats = collect(tiny_sq, CalibrationSpec(WIKITEXT, 8, 64), set(linear_input_keys(tiny_sq).values()))  # cached
     hf = _smoothquant_hf(copy.deepcopy(_hf_model(str(tiny_sq), "float32")), stats, 0.5, o_proj == "kernel")
     plain = _hf_model(str(tiny_sq), "float32")
     llm = LLM(engine, num_threads=2)
@@ -110,16 +110,16 @@ def test_modelopt_statistics_match_native(tiny_sq, tmp_path, monkeypatch):
 
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path))
     spec = CalibrationSpec(WIKITEXT, 4, 64)
-    native = collect(tiny_sq, spec)
+    native = collect(tiny_sq, spec, set(linear_input_keys(tiny_sq).values()))
     model = _hf_model(str(tiny_sq), "float32")
     weights = {n: m.weight.detach().numpy().copy() for n, m in copy.deepcopy(model).named_modules()
                if n.endswith("_proj")}
     mo = run_modelopt_smoothquant(copy.deepcopy(model), calibration_windows(tiny_sq, spec), 0.5)
-    assert set(input_key(n) for n in mo if n != "lm_head") == set(native)
+    assert set(llama_input_key(n) for n in mo if n != "lm_head") == set(native)
     for name, st in mo.items():
         if name == "lm_head":
             continue
-        np.testing.assert_allclose(st["abs_max"], native[input_key(name)]["abs_max"], rtol=1e-5)
+        np.testing.assert_allclose(st["abs_max"], native[llama_input_key(name)]["abs_max"], rtol=1e-5)
         s = smooth_factors(st["abs_max"], weight_in_amax([weights[name]]), 0.5)
         np.testing.assert_allclose(st["pre_quant_scale"], 1.0 / s, rtol=1e-4)
 
@@ -154,7 +154,7 @@ def test_smollm2_w8a8_sq_perplexity_within_3_percent(smollm2_dir, smollm2_engine
 def test_smoothquant_factors_and_folds_are_exact():
     """s follows the formula, flattens an outlier channel, and the folds of
     smoothquant_transforms leave the fp32 layer outputs unchanged."""
-    from bessemer.quantization.awq import apply_transform
+    from bessemer.quantization.channel_scales import Fold, InputGroup
     from bessemer.quantization.smoothquant import smoothquant_transforms
 
     rng = np.random.default_rng(3)
@@ -172,8 +172,15 @@ def test_smoothquant_factors_and_folds_are_exact():
     t = {k: v.astype(np.float32) for k, v in t.items()}
     amax = {f"{p}.self_attn.q_proj": rng.uniform(0.1, 20, H), f"{p}.self_attn.o_proj": rng.uniform(0.1, 20, H),
             f"{p}.mlp.gate_proj": rng.uniform(0.1, 20, H), f"{p}.mlp.down_proj": rng.uniform(0.1, 20, I)}
-    transforms, mult, report = smoothquant_transforms(t.get, 1, amax, 0.5, "kernel")
-    g = {k: apply_transform(v, transforms[k]) if k in transforms else v for k, v in t.items()}
+    a, m = f"{p}.self_attn", f"{p}.mlp"
+    groups = [InputGroup(f"{a}.q_proj", (), tuple(f"{a}.{x}_proj.weight" for x in "qkv"),
+                         Fold((f"{p}.input_layernorm.weight",))),
+              InputGroup(f"{a}.o_proj", (), (f"{a}.o_proj.weight",), None),
+              InputGroup(f"{m}.gate_proj", (), (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"),
+                         Fold((f"{p}.post_attention_layernorm.weight",))),
+              InputGroup(f"{m}.down_proj", (), (f"{m}.down_proj.weight",), Fold((f"{m}.up_proj.weight",)))]
+    transforms, mult, report = smoothquant_transforms(t.get, groups, amax, 0.5, {f"{a}.o_proj.weight"})
+    g = {k: transforms[k].apply(v) if k in transforms else v for k, v in t.items()}
     x = rng.standard_normal((5, H)).astype(np.float32)
     for norm, lin in [("input_layernorm", "self_attn.v_proj"), ("post_attention_layernorm", "mlp.gate_proj")]:
         np.testing.assert_allclose((x * g[f"{p}.{norm}.weight"]) @ g[f"{p}.{lin}.weight"].T,
@@ -187,5 +194,5 @@ def test_smoothquant_factors_and_folds_are_exact():
     np.testing.assert_allclose(h2 @ g[f"{p}.mlp.down_proj.weight"].T, h @ t[f"{p}.mlp.down_proj.weight"].T,
                                rtol=1e-4, atol=1e-4)
     assert set(report) == set(amax)
-    _, mult_none, _ = smoothquant_transforms(t.get, 1, amax, 0.5, "none")
+    _, mult_none, _ = smoothquant_transforms(t.get, groups, amax, 0.5)
     assert mult_none == {}

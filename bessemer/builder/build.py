@@ -23,12 +23,14 @@ from bessemer.builder.calibrate import calibrate
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
+from bessemer.builder.input_groups import input_groups
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.weights import WeightSource
 from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
+from bessemer.models.rope import max_exact_positions
 from bessemer.targets import get_target
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -40,13 +42,13 @@ REPORT_NAME = "build_report.json"
 Progress = Callable[[str], None]
 
 
-def _resolve_limits(build: BuildConfig, max_positions: int) -> BuildConfig:
+def _resolve_limits(build: BuildConfig, cfg) -> BuildConfig:
+    limit, what = max_exact_positions(cfg.rope_parameters, cfg.max_position_embeddings)
     if build.max_seq_len is None:
-        build = replace(build, max_seq_len=min(max_positions, 4096))
-    if build.max_seq_len > max_positions:
+        build = replace(build, max_seq_len=min(limit, 4096))
+    if build.max_seq_len > limit:
         raise InvalidOptionError(
-            f"--max-seq-len {build.max_seq_len} exceeds the model's max_position_embeddings "
-            f"{max_positions}; use --max-seq-len {max_positions} or less")
+            f"--max-seq-len {build.max_seq_len} exceeds {what}; use --max-seq-len {limit} or less")
     return build
 
 
@@ -210,7 +212,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     ckpt = Checkpoint(model_dir)
     family = family_for(ckpt.config)
     cfg = family.config_from_hf(ckpt.config)
-    build = _resolve_limits(build, cfg.max_position_embeddings)
+    build = _resolve_limits(build, cfg)
     timings["load"] = time.perf_counter() - t0
 
     # Every rank's graph is checked (and dumped) before any calibration or packing starts,
@@ -227,15 +229,14 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     calibration = None
     if build.quant is not None and build.quant.needs_calibration:
         t = time.perf_counter()
-        calibration = calibrate(ckpt, cfg, build.quant, say)
+        # inputs without a fold are smoothed only where the quantize pass gave the kernel a 1/s
+        # (not, e.g., an excluded o_proj, which runs in floating point)
+        kernel_smoothed = frozenset(s.parts[0] for s in lowered.tensors if s.role == "smooth")
+        calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say,
+                                kernel_smoothed)
         timings["calibration"] = time.perf_counter() - t
         if build.quant.algorithm == "smoothquant":  # record the backend that ran, not "auto"
             build = replace(build, quant=replace(build.quant, calib_backend=calibration.backend))
-            # an excluded o_proj runs in floating point without the kernel's 1/s: unsmoothed
-            kept = {s.parts[0] for s in lowered.tensors if s.role == "smooth"}
-            for name in [n for n in calibration.multipliers if n not in kept]:
-                del calibration.multipliers[name]
-                calibration.transforms.pop(name, None)
     ckpt.close()
 
     tmp = _prepare_output(output)

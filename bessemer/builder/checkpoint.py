@@ -19,7 +19,7 @@ import numpy as np
 from bessemer.errors import BessemerError
 
 SAFETENSORS_DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2),
-                      "F64": (np.float64, 8)}
+                      "F64": (np.float64, 8), "U8": (np.uint8, 1)}  # U8: MXFP4 blocks and scales
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ def _read_safetensors_header(path: Path) -> dict[str, TensorLocation]:
             continue
         dtype = info.get("dtype")
         if dtype not in SAFETENSORS_DTYPES:
-            raise BessemerError(f"{path}: tensor {name} has dtype {dtype}; only F32/F16/BF16 checkpoints are supported")
+            raise BessemerError(f"{path}: tensor {name} has dtype {dtype}; only F32/F16/BF16 checkpoints (and MXFP4 "
+                                "U8 block/scale pairs) are supported")
         start, end = info["data_offsets"]
         shape = tuple(int(s) for s in info["shape"])
         nbytes = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype][1]
@@ -86,7 +87,9 @@ def _pread_into(fd: int, out: np.ndarray, offset: int) -> None:
 
 
 class Checkpoint:
-    """Tensor index over all safetensors files of a checkpoint; `get` returns fp32 numpy."""
+    """Tensor index over all safetensors files of a checkpoint; `get` returns fp32 numpy.
+    An MXFP4 pair `<name>_blocks` + `<name>_scales` (gpt-oss experts) is one tensor `<name>`,
+    dequantized when it is read (quantization/mxfp4.py)."""
 
     def __init__(self, model_dir: Path):
         self.dir = Path(model_dir)
@@ -97,29 +100,49 @@ class Checkpoint:
         self.index: dict[str, TensorLocation] = {}
         for f in files:
             self.index.update(_read_safetensors_header(f))
+        self.mxfp4 = {n[:-len("_blocks")]: (n, n[:-len("_blocks")] + "_scales") for n in self.index
+                      if n.endswith("_blocks") and n[:-len("_blocks")] + "_scales" in self.index}
+        for blocks, scales in self.mxfp4.values():
+            if self.index[blocks].dtype != "U8" or self.index[scales].dtype != "U8":
+                raise BessemerError(f"{blocks} / {scales} are not an MXFP4 pair (uint8); re-export the checkpoint")
         self._maps: dict[Path, mmap.mmap] = {}
         self._fds: dict[Path, int] = {}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: v.shape for k, v in self.index.items()}
+        from bessemer.quantization.mxfp4 import dequantized_shape
+
+        pairs = {n for pair in self.mxfp4.values() for n in pair}
+        out = {k: v.shape for k, v in self.index.items() if k not in pairs}
+        out.update({name: dequantized_shape(self.index[blocks].shape) for name, (blocks, _) in self.mxfp4.items()})
+        return out
 
     def get(self, name: str, sl: tuple | None = None) -> np.ndarray:
         """The tensor as fp32; with `sl` = (row_start, row_stop, col_start, col_stop) only
         that block (cols ignored for 1-D) is read, with pread: a tensor-parallel rank's
         build touches (and counts in its RSS) only its shard's bytes, not mmap'd neighbours."""
+        if name in self.mxfp4:
+            from bessemer.quantization.mxfp4 import decode_mxfp4
+
+            blocks, scales = self.mxfp4[name]
+            if sl is not None:  # a rank's experts (rows of the stacked tensor): decode only those
+                return decode_mxfp4(self._raw(blocks)[sl[0]:sl[1]], self._raw(scales)[sl[0]:sl[1]])
+            return decode_mxfp4(self._raw(blocks), self._raw(scales))
         loc = self.index[name]
         np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
-        if sl is None:
-            if loc.file not in self._maps:
-                with open(loc.file, "rb") as f:
-                    self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            raw = np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // size,
-                                offset=loc.start).reshape(loc.shape)
-        else:
-            raw = self._read_block(loc, np_dtype, size, sl)
+        raw = self._raw(name) if sl is None else self._read_block(loc, np_dtype, size, sl)
         if loc.dtype == "BF16":
             return _bf16_to_float32(raw)
         return raw.astype(np.float32)
+
+    def _raw(self, name: str) -> np.ndarray:
+        """A tensor as stored (no conversion): the uint8 blocks and scales of MXFP4."""
+        loc = self.index[name]
+        if loc.file not in self._maps:
+            with open(loc.file, "rb") as f:
+                self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
+        return np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // size,
+                             offset=loc.start).reshape(loc.shape)
 
     def _read_block(self, loc: TensorLocation, np_dtype, size: int, sl: tuple) -> np.ndarray:
         if loc.file not in self._fds:

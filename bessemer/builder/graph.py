@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from bessemer.builder.roles import LinearRole
 from bessemer.plugins.ops import OPS
 
 
@@ -61,6 +62,9 @@ class Node:
     outputs: tuple[str, ...]
     weights: tuple[WeightRef | None, ...] = ()  # by the op's weight roles; None = absent optional
     attrs: dict = field(default_factory=dict)
+    # What a linear is in its model (builder/roles.py), set by the model file; passes that
+    # split or fuse linears read it instead of the node's name.
+    role: LinearRole | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,9 @@ def verify(graph: Graph) -> Graph:
             concat = sum(s[0] for s in shapes)
             if concat != w.shape[0] or any(s[1:] != tuple(w.shape[1:]) for s in shapes):
                 raise GraphError(f"{n.name}: weight {w.name} shape {w.shape} does not match its parts")
+        if n.role is not None and (n.op != "linear" or (
+                n.role.shards and any(len(n.role.shards) != len(w.parts) for w in n.weights if w is not None))):
+            raise GraphError(f"{n.name}: role {n.role.text()} does not fit a {n.op} with these weight parts")
     users = graph.consumers()
     for n in graph.nodes:
         if not any(o in users or o == graph.output for o in n.outputs):
@@ -183,6 +190,8 @@ def format_graph(graph: Graph) -> str:
                       f"{' slices' + str(list(w.slices)) if w.slices else ''}}}"
                       for w in n.weights if w is not None)
         attrs = " ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
+        if n.role:
+            attrs += f" [{n.role.text()}]"
         lines.append(f"{outs} = {n.op}({ins}) {ws} {attrs}  # {n.name}".replace("  ", " "))
     return "\n".join(lines) + "\n"
 

@@ -88,6 +88,23 @@ def _run(n, x, ws, ids) -> list[np.ndarray]:
         outs = [ops.ref_attention(x[0], x[1], x[2], pos, pos, int(a["num_heads"]),
                                   int(a["num_kv_heads"]), int(a["head_dim"]), a["scale"],
                                   int(a["sliding_window"]))]
+    elif n.op == "rms_norm_heads":
+        outs = [ops.ref_rms_norm_heads(x[0], ws[0], int(a["num_heads"]), int(a["head_dim"]), a["eps"],
+                                       a["weight_offset"])]
+    elif n.op == "gelu_tanh_mul":
+        outs = [ops.ref_gelu_tanh_mul(x[0], x[1])]
+    elif n.op == "scale":
+        outs = [ops.ref_scale(x[0], a["factor"])]
+    elif n.op == "sigmoid_gate_mul":
+        outs = [ops.ref_sigmoid_gate_mul(x[0], x[1])]
+    elif n.op == "moe":
+        outs = [ops.ref_moe(x[0], x[1], ws, int(a["num_experts"]), int(a["top_k"]), int(a["expert_size"]),
+                            bool(a["softmax_after_topk"]), bool(a["norm_topk_prob"]), int(a.get("layout", 0)),
+                            int(a.get("activation", 0)), int(a.get("first_expert", 0)),
+                            int(a["local_experts"]) if "local_experts" in a else None)]
+    elif n.op == "attention_sinks":
+        outs = [ops.ref_attention(x[0], x[1], x[2], pos, pos, int(a["num_heads"]), int(a["num_kv_heads"]),
+                                  int(a["head_dim"]), a["scale"], int(a["sliding_window"]), sinks=ws[0])]
     else:
         raise NotImplementedError(n.op)
     return outs

@@ -16,6 +16,8 @@ from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
 from bessemer.builder.passes.fuse_qkv import fuse_qkv
 from bessemer.builder.passes.quantize import quantize
 from bessemer.builder.passes.shard_tensor_parallel import shard_tensor_parallel
+from bessemer.errors import UnsupportedModelError
+from bessemer.targets import get_target
 
 Pass = Callable[[Graph, BuildConfig], Graph]
 
@@ -29,7 +31,21 @@ def phases(build: BuildConfig) -> list[tuple[str, list[Pass]]]:
             ("parallelism", [shard_tensor_parallel] if build.tp_size > 1 else [])]
 
 
-def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None) -> tuple[Graph, list[str]]:
+def check_target(graph: Graph, target: str) -> None:
+    """Refuses a graph with an op that `target` has no kernel for yet (declared with its
+    reference in plugins/ops.py, so builder/interpret.py already runs such graphs)."""
+    has_kernel = get_target(target).has_kernel
+    missing = sorted({n.op for n in graph.nodes if not has_kernel(n.op)})
+    if missing:
+        raise UnsupportedModelError(
+            f"this model needs op{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which the {target} target "
+            "has no kernel for yet (the graph is checked against HF with the reference interpreter only)")
+
+
+def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None,
+               lowered: bool = True) -> tuple[Graph, list[str]]:
+    """lowered=False: the graph is only interpreted (builder/interpret.py), so ops without a
+    kernel on build.target are fine."""
     graph = verify(graph)
     applied: list[str] = []
     if dump_dir is not None:
@@ -44,4 +60,6 @@ def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None) -
             applied.append(p.__name__)
         if dump_dir is not None:
             (dump_dir / f"{number:02d}-{phase}.txt").write_text(format_graph(graph))
+    if lowered:
+        check_target(graph, build.target)
     return graph, applied

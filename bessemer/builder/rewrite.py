@@ -4,40 +4,47 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bessemer.builder.graph import Graph, Node, WeightRef
+from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
+from bessemer.builder.roles import LinearRole
 
 
-def _concat(name: str, refs: list[WeightRef]) -> WeightRef:
+def _concat(name: str, refs: list[WeightRef], shapes: dict) -> WeightRef:
+    """refs stacked on axis 0; row ranges of packed tensors (WeightRef.slices) are kept."""
     shape = (sum(r.shape[0] for r in refs),) + tuple(refs[0].shape[1:])
-    return WeightRef(name, tuple(p for r in refs for p in r.parts), shape)
+    slices = ()
+    if any(r.slices for r in refs):
+        slices = tuple(s for r in refs for s in (r.slices or [
+            (0, shapes[p][0], 0, shapes[p][1] if len(shapes[p]) > 1 else 0) for p in r.parts]))
+    return WeightRef(name, tuple(p for r in refs for p in r.parts), shape, slices=slices)
 
 
-def fuse_sibling_linears(graph: Graph, members: tuple[str, ...], fused: str) -> Graph:
-    """Fuses linears named `<parent>.<member>` that read the same input into one linear
-    `<parent>.<fused>` followed by a `split` whose outputs keep the original value names.
+def fuse_sibling_linears(graph: Graph, kind: str) -> Graph:
+    """Fuses the linears whose role names one fusion group of `kind` (builder/roles.py) and
+    that read the same input into one linear named by the group, followed by a `split`
+    whose outputs keep the members' value names; members in graph order are its parts.
 
     Consumers are untouched: they read the same value names, now views of one buffer.
     """
-    by_name = {n.name: n for n in graph.nodes}
-    replaced: dict[str, list[Node]] = {}
+    groups: dict[str, list[Node]] = {}
     for n in graph.nodes:
-        if n.op != "linear" or not n.name.endswith("." + members[0]):
+        if n.op == "linear" and n.role is not None and n.role.fusion is not None and n.role.fusion.kind == kind:
+            groups.setdefault(n.role.fusion.name, []).append(n)
+    replaced: dict[str, list[Node]] = {}
+    for name, group in groups.items():
+        if len(group) < 2 or any(g.inputs != group[0].inputs for g in group):
             continue
-        parent = n.name[: -len(members[0]) - 1]
-        group = [by_name.get(f"{parent}.{m}") for m in members]
-        if any(g is None or g.op != "linear" or g.inputs != n.inputs for g in group):
-            continue
+        if len({g.role.split for g in group}) != 1:
+            raise GraphError(f"{name}: fusion group mixes {sorted({g.role.split for g in group})} splits")
         has_bias = [len(g.weights) > 1 and g.weights[1] is not None for g in group]
         if any(has_bias) and not all(has_bias):
             continue  # a partial bias would need a zero tensor; leave such groups unfused
-        name = f"{parent}.{fused}"
-        weights = [_concat(f"{name}.weight", [g.weights[0] for g in group])]
+        weights = [_concat(f"{name}.weight", [g.weights[0] for g in group], graph.weight_shapes)]
         if all(has_bias):
-            weights.append(_concat(f"{name}.bias", [g.weights[1] for g in group]))
+            weights.append(_concat(f"{name}.bias", [g.weights[1] for g in group], graph.weight_shapes))
         widths = [g.weights[0].shape[0] for g in group]
-        out = f"{name}"
-        fused_nodes = [Node(name, "linear", n.inputs, (out,), tuple(weights), {}),
-                       Node(f"{name}.split", "split", (out,), tuple(g.outputs[0] for g in group),
+        role = LinearRole(group[0].role.split, tuple(s for g in group for s in g.role.shards))
+        fused_nodes = [Node(name, "linear", group[0].inputs, (name,), tuple(weights), {}, role),
+                       Node(f"{name}.split", "split", (name,), tuple(g.outputs[0] for g in group),
                             (), {"sizes": widths})]
         replaced[group[-1].name] = fused_nodes  # emit where the last member stood
         for g in group[:-1]:

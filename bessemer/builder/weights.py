@@ -19,7 +19,6 @@ from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.lower import TensorSpec
 from bessemer.errors import BessemerError
 from bessemer.format.layouts import encode
-from bessemer.quantization.awq import apply_transform
 from bessemer.quantization.formats import WeightCalibration
 
 
@@ -37,11 +36,7 @@ class WeightSource:
             raise BessemerError(f"checkpoint tensor {name} has NaN or infinite values; the checkpoint is damaged "
                                 "(re-download or re-export it)")
         if self.calibration and name in self.calibration.transforms:
-            row, col = self.calibration.transforms[name]
-            if sl is not None:
-                row = row[sl[0]:sl[1]] if row is not None else None
-                col = col[sl[2]:sl[3]] if col is not None and arr.ndim == 2 else col
-            arr = apply_transform(arr, (row, col))
+            arr = self.calibration.transforms[name].apply(arr, sl)
         return arr
 
     def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:

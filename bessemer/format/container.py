@@ -162,3 +162,18 @@ def rewrite_header(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
         f.write(b"\0" * (align_up(PREAMBLE.size + len(blob), DATA_ALIGN) - PREAMBLE.size - len(blob)))
         f.write(data)
     return Path(dst)
+
+
+def write_header_in_place(path: Path, header: dict) -> bool:
+    """Replaces rank file `path`'s header with `header` when it fits the space before the
+    tensor data (the data offset stays where it is); False, and nothing written, if not.
+    For tools that try many plans over the same tensors (bessemer diff)."""
+    major, minor, _, data_offset = read_rank_header(Path(path))
+    blob = header_bytes(header)
+    if align_up(PREAMBLE.size + len(blob), DATA_ALIGN) != data_offset:
+        return False
+    with open(path, "r+b") as f:
+        f.write(PREAMBLE.pack(MAGIC, major, minor, 0, len(blob)))
+        f.write(blob)
+        f.write(b"\0" * (data_offset - PREAMBLE.size - len(blob)))
+    return True

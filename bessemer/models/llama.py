@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from bessemer.builder.graph import Graph
 from bessemer.errors import UnsupportedModelError
-from bessemer.models.blocks import decoder_graph
+from bessemer.models.decoder import decoder_graph
+from bessemer.models.checks import check_math_fields
 from bessemer.models.config import ModelConfig, eos_ids, rope_parameters_from_hf
 
 
-def config_from_hf(hf: dict, **overrides) -> ModelConfig:
+def config_from_hf(hf: dict, understood: tuple[str, ...] = (), **overrides) -> ModelConfig:
+    """understood: the maths-changing config fields (models/checks.py) the calling family
+    implements through `overrides`; Llama itself implements none."""
+    check_math_fields(hf, understood)
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu gated MLPs)")

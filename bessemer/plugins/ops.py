@@ -39,6 +39,15 @@ class OpDecl:
     # output index -> input index it may overwrite (the kernel supports aliasing them).
     inplace: dict
     rows: str = ""  # "" = outputs have the rows of input 0; else a fixed rows kind
+    # What output 0's channel j is proportional to, so a per-channel factor on it can be
+    # folded there exactly (AWQ, SmoothQuant; builder/input_groups.py): "weight" = entry j
+    # of the weight (plus attrs weight_offset), "rows" = row j of the weight and bias j,
+    # "input1" = channel j of input 1; "" = nothing per channel.
+    channel_scale: str = ""
+    # targets with a kernel for this op; an op declared with its reference before its
+    # kernels exist (graphs verified against HF by builder/interpret.py) has none yet, and a
+    # build for a target without it is refused (builder/pipeline.py)
+    targets: tuple[str, ...] = ("cpu",)
 
 
 def _same(ins, attrs, ws):
@@ -89,6 +98,46 @@ def _attention(ins, attrs, ws):
     return [hq * d]
 
 
+def _heads_norm(ins, attrs, ws):
+    h, d = int(attrs["num_heads"]), int(attrs["head_dim"])
+    if ins[0] != h * d or ws[0] != (d,):
+        raise ValueError(f"per-head norm of width {ins[0]} with weight {ws[0]} does not match {h} heads x {d}")
+    return [ins[0]]
+
+
+def _gate_column(ins, attrs, ws):
+    if ins[1] != 1:
+        raise ValueError(f"gate width {ins[1]} != 1")
+    return [ins[0]]
+
+
+def moe_weight_shapes(attrs, hidden: int) -> list[tuple[int, ...]]:
+    """gate_up, down (and their biases) as a moe node's layout stores them: 0 = per-expert
+    [gate; up] rows stacked (E*2I, H) and down (E*H, I); 1 = gpt-oss's stacked tensors,
+    input-major with gate/up interleaved: (E, H, 2I) and (E, I, H)."""
+    n, size = int(attrs["num_experts"]), int(attrs["expert_size"])
+    if int(attrs.get("layout", 0)) == 1:  # a tensor-parallel rank holds local_experts of them
+        n = int(attrs.get("local_experts", n))
+        return [(n, hidden, 2 * size), (n, size, hidden), (n, 2 * size), (n, hidden)]
+    return [(n * 2 * size, hidden), (n * hidden, size), (n * 2 * size,), (n * hidden,)]
+
+
+def _moe(ins, attrs, ws):
+    hidden, experts = ins
+    n = int(attrs["num_experts"])
+    if experts != n or not 0 < int(attrs["top_k"]) <= n:
+        raise ValueError(f"router width {experts} / top_k {attrs['top_k']} do not fit {n} experts")
+    if [tuple(w) for w in ws] != moe_weight_shapes(attrs, hidden)[:len(ws)]:
+        raise ValueError(f"expert weights {ws} do not match {n} experts of {attrs['expert_size']} x {hidden}")
+    return [hidden]
+
+
+def _attention_sinks(ins, attrs, ws):
+    if ws[0] != (int(attrs["num_heads"]),):
+        raise ValueError(f"sinks {ws[0]} != ({attrs['num_heads']},)")
+    return _attention(ins, attrs, ws)
+
+
 def shard_range(full: int, tp_size: int, rank: int) -> tuple[int, int]:
     """Rows [start, stop) of a `full`-long axis that `rank` holds when it is cut in tp_size
     contiguous pieces of ceil(full / tp_size) (the last may be shorter): the rule of the
@@ -107,16 +156,40 @@ def _all_gather(ins, attrs, ws):
 
 OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("embedding", 1, 0, 1, ("table",), _embedding, {}, ROWS_TOKENS),
-    OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}),
-    OpDecl("add_rms_norm", 1, 2, 2, ("weight",), _norm, {1: 1}),
+    OpDecl("rms_norm", 1, 1, 1, ("weight",), _norm, {0: 0}, channel_scale="weight"),
+    OpDecl("add_rms_norm", 1, 2, 2, ("weight",), _norm, {1: 1}, channel_scale="weight"),
     OpDecl("add", 1, 2, 1, (), _same, {0: 0}),
-    OpDecl("linear", 1, 1, 1, ("weight", "bias?"), _linear, {}),
-    OpDecl("silu_mul", 1, 2, 1, (), _same, {}),
+    OpDecl("linear", 1, 1, 1, ("weight", "bias?"), _linear, {}, channel_scale="rows"),
+    # silu(gate) * up: channel j is linear in up's channel j
+    OpDecl("silu_mul", 1, 2, 1, (), _same, {}, channel_scale="input1"),
     OpDecl("gather_rows", 1, 1, 1, (), lambda i, a, w: [i[0]], {}, ROWS_SELECTED),
     # split makes views of its input (no kernel); lowering turns it into column offsets.
     OpDecl("split", 0, 1, -1, (), _split, {}),
     OpDecl("rope", 1, 2, 2, ("inv_freq",), _rope, {0: 0, 1: 1}),
     OpDecl("attention", 1, 3, 1, (), _attention, {}),
+    # -- declared with their references; kernels to come (targets=()) --
+    # RMSNorm of each head of a (T, num_heads * head_dim) value, one (head_dim,) weight for
+    # all heads (Qwen3, Gemma 3 q/k norms); attrs num_heads, head_dim, eps, weight_offset,
+    # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
+    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}, targets=()),
+    # gelu_tanh(gate) * up (Gemma's gated MLP)
+    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1", targets=()),
+    # x * factor (attrs factor): Gemma's sqrt(hidden) embeddings, Granite's multipliers
+    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}, targets=()),
+    # y * sigmoid(g), g one column (Qwen2-MoE's shared expert gate)
+    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}, targets=()),
+    # Mixture of experts: x (T, H) and router logits (T, E) -> (T, H). Weights: every
+    # expert's [gate; up] rows stacked (E*2I, H) and its down rows (E*H, I); only the top_k
+    # experts a token routes to are read; silu(gate) * up. attrs num_experts, top_k,
+    # expert_size (I), softmax_after_topk (0: softmax over all experts then top-k, Mixtral
+    # and Qwen; 1: softmax over the top-k logits, gpt-oss), norm_topk_prob (renormalise the
+    # top-k probabilities); layout (moe_weight_shapes); activation (0: silu(gate) * up;
+    # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); with
+    # layout 1 under tensor parallelism, first_expert / local_experts: the experts this rank
+    # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
+    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}, targets=()),
+    # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
+    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
     # all_reduce: every rank's x replaced by the sum over ranks (in place).
     OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
@@ -166,7 +239,7 @@ def ref_rope(x, positions, inv_freq, num_heads, head_dim, rotary_dim, scaling=1.
 
 
 def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_dim, scale,
-                  sliding_window=0, kv_dtype=None):
+                  sliding_window=0, kv_dtype=None, sinks=None):
     """Attention of one sequence. q: (Tq, Hq*D) at positions q_pos; k_all, v_all:
     (Tk, Hkv*D) of the whole cached context at positions kv_pos. kv_dtype "int8" / "fp8":
     K and V as a quantized cache gives them back (the cache write's reference)."""
@@ -190,8 +263,10 @@ def ref_attention(q, k_all, v_all, q_pos, kv_pos, num_heads, num_kv_heads, head_
         if sliding_window:
             mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
         s = np.where(mask, s, -np.inf)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
+        top = s.max(axis=1, keepdims=True) if sinks is None else np.maximum(s.max(axis=1, keepdims=True), sinks[h])
+        p = np.exp(s - top)
+        # a sink is one more logit in the softmax's denominator, with no value
+        p /= p.sum(axis=1, keepdims=True) + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
         out[:, h] = p @ vh[:, h // group]
     return out.reshape(tq, -1).astype(np.float32)
 
@@ -226,3 +301,77 @@ def ref_sample_rows(logits, temperature, top_k, top_p, uniform) -> np.ndarray:
         hits = np.flatnonzero(keep & (np.cumsum(w) > float(uniform[r]) * w.sum()))
         out[r] = hits[0] if len(hits) else np.flatnonzero(keep)[-1]
     return out
+
+
+def ref_rms_norm_heads(x, w, num_heads, head_dim, eps, weight_offset=0.0):
+    t = x.reshape(len(x), num_heads, head_dim)
+    return ref_rms_norm(t, w, eps, weight_offset).reshape(len(x), -1)
+
+
+def ref_gelu_tanh_mul(g, u):
+    g64 = g.astype(np.float64)
+    gelu = 0.5 * g64 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g64 + 0.044715 * g64 ** 3)))
+    return (gelu * u).astype(np.float32)
+
+
+def ref_scale(x, factor):
+    return (x.astype(np.float64) * factor).astype(np.float32)
+
+
+def ref_sigmoid_gate_mul(y, g):
+    return (y.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
+
+
+def ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob):
+    """(T, E) router logits -> (experts (T, k), weights (T, k)), as transformers routes."""
+    z = logits.astype(np.float64)
+    if softmax_after_topk:
+        top = np.argsort(-z, axis=1, kind="stable")[:, :top_k]
+        v = np.take_along_axis(z, top, axis=1)
+        p = np.exp(v - v.max(axis=1, keepdims=True))
+        return top, p / p.sum(axis=1, keepdims=True)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, top, axis=1)
+    return top, (w / w.sum(axis=1, keepdims=True) if norm_topk_prob else w)
+
+
+def _expert_act(g, u, activation):
+    if activation == 1:  # gpt-oss
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        return (u + 1.0) * g / (1.0 + np.exp(-1.702 * g))
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob,
+            layout=0, activation=0, first_expert=0, local_experts=None):
+    """x: (T, H); weights: gate_up, down[, gate_up_bias, down_bias] as `layout` stores them
+    (moe_weight_shapes), of experts [first_expert, first_expert + local_experts). Only the
+    routed experts' weights are read."""
+    top, probs = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
+    top = top - first_expert  # local expert index; outside [0, local) is another rank's
+    num_experts = num_experts if local_experts is None else local_experts
+    i, h = expert_size, x.shape[1]
+    gate_up, down = weights[0].astype(np.float64), weights[1].astype(np.float64)
+    bias_gu = weights[2].astype(np.float64) if len(weights) > 2 and weights[2] is not None else None
+    bias_d = weights[3].astype(np.float64) if len(weights) > 3 and weights[3] is not None else None
+    x64, out = x.astype(np.float64), np.zeros((len(x), h))
+    for e in range(num_experts):
+        rows, slot = np.nonzero(top == e)  # the tokens routed to e
+        if len(rows) == 0:
+            continue
+        if layout == 1:
+            gu = x64[rows] @ gate_up[e]  # (R, 2I), gate and up interleaved
+            if bias_gu is not None:
+                gu = gu + bias_gu[e]
+            y = _expert_act(gu[:, ::2], gu[:, 1::2], activation) @ down[e]
+        else:
+            gu = x64[rows] @ gate_up[e * 2 * i:(e + 1) * 2 * i].T
+            if bias_gu is not None:
+                gu = gu + bias_gu[e * 2 * i:(e + 1) * 2 * i]
+            y = _expert_act(gu[:, :i], gu[:, i:], activation) @ down[e * h:(e + 1) * h].T
+        if bias_d is not None:
+            y = y + (bias_d[e] if layout == 1 else bias_d[e * h:(e + 1) * h])
+        out[rows] += y * probs[rows, slot][:, None]
+    return out.astype(np.float32)

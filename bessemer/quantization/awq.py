@@ -3,9 +3,9 @@
 For a group of linears reading one input X, a grid search over alpha picks
 s = mean|x|^alpha / mean|w|^(1 - alpha) minimising ||X W^T - X (Q(W diag(s)) / s)^T||^2.
 The scaled weights W diag(s) are quantized; the 1/s is folded, exactly, into whatever
-produces X: the RMSNorm weight before q/k/v and gate/up, the up_proj rows before
-down_proj. (o_proj keeps s = 1: with grouped KV heads no per-channel fold exists.)
-Reference: Lin et al., 2023.
+produces X (InputGroup.fold: for a Llama layer the RMSNorm weight before q/k/v and
+gate/up, the up_proj rows before down_proj). An input with no fold keeps s = 1 (o_proj:
+with grouped KV heads no per-channel fold exists). Reference: Lin et al., 2023.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.channel_scales import ChannelScales, InputGroup
 
 GRID = 20
 
@@ -48,48 +49,22 @@ def search_scale(weights: list[np.ndarray], x_abs_mean: np.ndarray, x_sample: np
     return best[1], best[2], best[0] / rtn
 
 
-def awq_transforms(get, num_layers: int, stats: dict, group_size: int, zero_point: bool,
+def awq_transforms(get, groups: list[InputGroup], stats: dict, group_size: int, zero_point: bool,
                    progress=lambda m: None) -> tuple[dict, dict]:
-    """Scales for every decoder layer of a Llama-like checkpoint (HF module paths).
+    """Scales for every input group that has a fold (builder/input_groups.py).
 
-    Returns ({tensor name: (row_scale | None, col_scale | None)}, report). `get(name)` reads
-    an fp32 checkpoint tensor. A 1-D tensor (norm weight) is multiplied by its row_scale.
+    Returns ({tensor name: Transform}, report). `get(name)` reads an fp32 checkpoint tensor;
+    stats: {group key: activation statistics} (quantization/calibration.py).
     """
-    transforms: dict[str, list] = {}
-
-    def scale(name: str, row=None, col=None):
-        t = transforms.setdefault(name, [None, None])
-        if row is not None:
-            t[0] = row if t[0] is None else t[0] * row
-        if col is not None:
-            t[1] = col if t[1] is None else t[1] * col
-
+    scales = ChannelScales()
     report = {}
-    for i in range(num_layers):
-        p = f"model.layers.{i}"
-        groups = [  # (input key, weights reading it, where 1/s is folded)
-            (f"{p}.self_attn.q_proj", [f"{p}.self_attn.{m}_proj.weight" for m in "qkv"], f"{p}.input_layernorm.weight"),
-            (f"{p}.mlp.gate_proj", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
-             f"{p}.post_attention_layernorm.weight"),
-            (f"{p}.mlp.down_proj", [f"{p}.mlp.down_proj.weight"], f"{p}.mlp.up_proj.weight"),
-        ]
-        for key, names, fold in groups:
-            st = stats[key]
-            ws = [get(n) for n in names]
-            g = prim.effective_group_size(ws[0].shape[1], group_size)
-            s, alpha, ratio = search_scale(ws, st["abs_mean"], st["sample"], g, zero_point)
-            for n in names:
-                scale(n, col=s)
-            scale(fold, row=(1.0 / s).astype(np.float32))
-            report[key] = {"alpha": alpha, "loss_vs_rtn": round(float(ratio), 4)}
-        progress(f"awq: layer {i + 1}/{num_layers}")
-    return {k: tuple(v) for k, v in transforms.items()}, report
-
-
-def apply_transform(arr: np.ndarray, transform) -> np.ndarray:
-    row, col = transform
-    if row is not None:
-        arr = arr * (row if arr.ndim == 1 else row[:, None])
-    if col is not None:
-        arr = arr * col[None, :]
-    return arr.astype(np.float32)
+    searched = [g for g in groups if g.fold is not None]
+    for i, group in enumerate(searched):
+        st = stats[group.key]
+        ws = [get(n) for n in group.weights]
+        g = prim.effective_group_size(ws[0].shape[1], group_size)
+        s, alpha, ratio = search_scale(ws, st["abs_mean"], st["sample"], g, zero_point)
+        scales.smooth(group, s)
+        report[group.key] = {"alpha": alpha, "loss_vs_rtn": round(float(ratio), 4)}
+        progress(f"awq: input {i + 1}/{len(searched)}")
+    return scales.transforms, report

@@ -8,8 +8,9 @@ text; forward hooks gather, per distinct linear input, what the algorithms need:
     abs_max    max |x| per input channel       (K,)    SmoothQuant factors, FP8/INT8 activation scales
     sample     a fixed subset of rows          (R, K)  AWQ loss
 
-q/k/v (and gate/up) read the same input, so it is recorded once, under the first one.
-Results are cached by content hash (checkpoint tensors, text, samples, length, version),
+Linears that read the same value (q/k/v, gate/up) are one input group
+(builder/input_groups.py): the input is recorded once, under the group's key, the name of
+its first linear, which is the HF module the hook sits on. Results are cached by content hash (checkpoint tensors, text, samples, length, version),
 so building another mode from the same data does not recompute them.
 """
 
@@ -19,7 +20,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -27,8 +28,6 @@ from bessemer.errors import BessemerError
 
 STATS_VERSION = 2  # 2: abs_max
 SAMPLE_ROWS = 256
-# siblings that read the same input as the first member of their group
-SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
 
 
 @dataclass(frozen=True)
@@ -40,12 +39,6 @@ class CalibrationSpec:
     def __post_init__(self):
         if self.num_samples <= 0 or self.seq_len < 2:
             raise BessemerError("--calib-samples must be positive and --calib-seq-len at least 2")
-
-
-def input_key(module_name: str) -> str:
-    """The name calibration stores a linear's input under (q_proj for k/v, gate for up)."""
-    parent, _, leaf = module_name.rpartition(".")
-    return f"{parent}.{SHARED_INPUT.get(leaf, leaf)}"
 
 
 def cache_dir() -> Path:
@@ -80,9 +73,10 @@ def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int
     return wins
 
 
-def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], None] = lambda m: None,
-            hessian: bool = True) -> dict:
-    """Returns {input_key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached.
+def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
+            progress: Callable[[str], None] = lambda m: None, hessian: bool = True) -> dict:
+    """Returns {key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached,
+    for the input of each linear module named in `inputs` (the input groups' keys).
     hessian=False (SmoothQuant, FP8 scales) skips the (K, K) sums, a good part of the cost."""
     model_dir = Path(model_dir)
     path = cache_dir() / f"{_content_hash(model_dir, spec)}.npz"
@@ -117,8 +111,12 @@ def collect(model_dir: Path, spec: CalibrationSpec, progress: Callable[[str], No
             s["sample"].append(x[torch.from_numpy(np.sort(rows))].numpy())
         return record
 
+    keys = set(inputs)
     handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and input_key(name) == name and name != "lm_head"]
+               if isinstance(m, torch.nn.Linear) and name in keys]
+    if len(handles) != len(keys):
+        found = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        raise BessemerError(f"calibration: the checkpoint's HF model has no linear module {sorted(keys - found)[0]}")
     try:
         with torch.no_grad():
             for i, w in enumerate(wins):

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from bessemer.errors import BessemerError
-from bessemer.quantization.calibration import CalibrationSpec, _content_hash, cache_dir, calibration_windows, input_key
+from bessemer.quantization.calibration import CalibrationSpec, _content_hash, cache_dir, calibration_windows
 
 MODELOPT_STATS_VERSION = 1
 
@@ -73,9 +73,10 @@ def run_modelopt_smoothquant(model, windows: list[list[int]], alpha: float, prog
     return out
 
 
-def modelopt_act_amax(model_dir: Path, spec: CalibrationSpec, alpha: float,
+def modelopt_act_amax(model_dir: Path, spec: CalibrationSpec, alpha: float, input_keys: dict[str, str],
                       progress: Callable[[str], None] = lambda m: None) -> tuple[dict, int]:
-    """({input key: (K,) max |x|}, rows seen), cached like calibration.collect."""
+    """({input key: (K,) max |x|}, rows seen), cached like calibration.collect.
+    input_keys: {linear module name: the key of its input group} (builder/input_groups.py)."""
     from bessemer.runtime.evaluate import load_hf_model
 
     model_dir = Path(model_dir)
@@ -92,8 +93,8 @@ def modelopt_act_amax(model_dir: Path, spec: CalibrationSpec, alpha: float,
     per_linear = run_modelopt_smoothquant(model, wins, alpha, progress)
     act = {}
     for name, st in per_linear.items():
-        if name != "lm_head":
-            act.setdefault(input_key(name), st["abs_max"])  # q/k/v (gate/up) saw the same input
+        if name in input_keys:  # not lm_head (its own scheme); q/k/v (gate/up) saw the same input
+            act.setdefault(input_keys[name], st["abs_max"])
     if not act:
         raise BessemerError("nvidia-modelopt calibrated no linear layer of this model; use --calib-backend native")
     rows = sum(len(w) for w in wins)

@@ -7,7 +7,8 @@ calibration) and weight range w_j = max_n |W[n, j]|, the factor
 
 rescales both sides, y = (x / s) (W diag(s))^T, so that int8 per-token activations and
 int8 per-channel weights lose less (alpha = 0.5 splits the range evenly). W diag(s) is
-what gets quantized; the 1/s goes where it costs nothing when that is exact:
+what gets quantized; the 1/s goes where it costs nothing when that is exact (InputGroup.fold,
+read from the graph by builder/input_groups.py; for a Llama layer):
 
     q/k/v       1/s folded into input_layernorm's weight        (RMSNorm is per channel)
     gate/up     1/s folded into post_attention_layernorm's weight
@@ -18,7 +19,9 @@ what gets quantized; the 1/s goes where it costs nothing when that is exact:
                 the channels of one KV head are shared by several query heads). Either the
                 kernel multiplies the activations by 1/s before quantizing them
                 (o_proj_smoothing "kernel") or o_proj is not smoothed ("none", the default:
-                measured slightly better on SmolLM2, see quantization/config.py).
+                measured slightly better on SmolLM2, see quantization/config.py). Other
+                inputs without a fold (OLMo2's residual stream into q/k/v, gate/up)
+                are not smoothed: the quantize pass gives only o_proj the kernel's 1/s.
 
 Factors are shared by the linears that read one input (their weights concatenated).
 Reference: Xiao et al., 2023. Pure functions; the builder applies the result.
@@ -27,6 +30,8 @@ Reference: Xiao et al., 2023. Pure functions; the builder applies the result.
 from __future__ import annotations
 
 import numpy as np
+
+from bessemer.quantization.channel_scales import ChannelScales, InputGroup
 
 # Same guards as nvidia-modelopt's smoothquant: channels never seen active keep s = 1, and
 # s stays in [1e-4, 1e4] so a dead weight column cannot blow the activation up.
@@ -48,51 +53,30 @@ def smooth_factors(act_amax: np.ndarray, w_amax: np.ndarray, alpha: float) -> np
     return np.clip(s, S_MIN, S_MAX).astype(np.float32)
 
 
-def layer_groups(p: str) -> list[tuple[str, list[str], str | None]]:
-    """(input key, weights reading it, tensor 1/s is folded into or None) of decoder layer p."""
-    return [
-        (f"{p}.self_attn.q_proj", [f"{p}.self_attn.{m}_proj.weight" for m in "qkv"], f"{p}.input_layernorm.weight"),
-        (f"{p}.self_attn.o_proj", [f"{p}.self_attn.o_proj.weight"], None),
-        (f"{p}.mlp.gate_proj", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
-         f"{p}.post_attention_layernorm.weight"),
-        (f"{p}.mlp.down_proj", [f"{p}.mlp.down_proj.weight"], f"{p}.mlp.up_proj.weight"),
-    ]
+def smoothquant_transforms(get, groups: list[InputGroup], act_amax: dict, alpha: float,
+                           kernel_smoothed: frozenset = frozenset()) -> tuple[dict, dict, dict]:
+    """Factors for every input group (builder/input_groups.py).
 
-
-def smoothquant_transforms(get, num_layers: int, act_amax: dict, alpha: float,
-                           o_proj_smoothing: str = "none") -> tuple[dict, dict, dict]:
-    """Factors for every decoder layer of a Llama-like checkpoint (HF module paths).
-
-    get(name): an fp32 checkpoint tensor; act_amax: {input key: (K,) max |x|}.
-    Returns (transforms {tensor: (row_scale | None, col_scale | None)} as awq.apply_transform
-    takes them, multipliers {o_proj weight name: (K,) 1/s for the kernel}, report).
+    get(name): an fp32 checkpoint tensor; act_amax: {group key: (K,) max |x|};
+    kernel_smoothed: the first weights of groups without a fold whose kernel applies a stored
+    1/s (the quantize pass's `smooth`, o_proj_smoothing "kernel"); other unfolded groups are
+    not smoothed.
+    Returns (transforms {tensor: Transform}, multipliers {first weight of an unfolded group:
+    (K,) 1/s for the kernel}, report).
     """
-    transforms: dict[str, list] = {}
+    scales = ChannelScales()
     multipliers: dict[str, np.ndarray] = {}
-
-    def scale(name: str, row=None, col=None):
-        t = transforms.setdefault(name, [None, None])
-        if row is not None:
-            t[0] = row if t[0] is None else t[0] * row
-        if col is not None:
-            t[1] = col if t[1] is None else t[1] * col
-
     report = {}
-    for i in range(num_layers):
-        for key, names, fold in layer_groups(f"model.layers.{i}"):
-            if fold is None and o_proj_smoothing == "none":
-                continue
-            a = np.asarray(act_amax[key], dtype=np.float32)
-            s = smooth_factors(a, weight_in_amax([get(n) for n in names]), alpha)
-            for n in names:
-                scale(n, col=s)
-            inv = (1.0 / s).astype(np.float32)
-            if fold is None:
-                multipliers[names[0]] = inv
-            else:
-                scale(fold, row=inv)
-            # how much flatter the activations got: max/median channel range, before and after
-            after = a / s
-            report[key] = {"act_spread": round(float(a.max() / max(np.median(a), EPS)), 2),
-                           "act_spread_smoothed": round(float(after.max() / max(np.median(after), EPS)), 2)}
-    return {k: tuple(v) for k, v in transforms.items()}, multipliers, report
+    for group in groups:
+        if group.fold is None and group.weights[0] not in kernel_smoothed:
+            continue
+        a = np.asarray(act_amax[group.key], dtype=np.float32)
+        s = smooth_factors(a, weight_in_amax([get(n) for n in group.weights]), alpha)
+        inv = scales.smooth(group, s)
+        if group.fold is None:
+            multipliers[group.weights[0]] = inv
+        # how much flatter the activations got: max/median channel range, before and after
+        after = a / s
+        report[group.key] = {"act_spread": round(float(a.max() / max(np.median(a), EPS)), 2),
+                             "act_spread_smoothed": round(float(after.max() / max(np.median(after), EPS)), 2)}
+    return scales.transforms, multipliers, report

@@ -84,6 +84,13 @@ class Target(ABC):
     name: str
 
     # ---- builder ----
+    def has_kernel(self, op: str) -> bool:
+        """Whether this target runs op `op` (plugins/ops.py); a graph with an op it lacks is
+        refused before anything is built. By default: the op's declared `targets`."""
+        from bessemer.plugins.ops import OPS
+
+        return self.name in OPS[op].targets
+
     def check_build(self, build) -> None:
         """Raises InvalidOptionError when this target cannot build with these options."""
 

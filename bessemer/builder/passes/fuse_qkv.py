@@ -1,4 +1,5 @@
-"""fuse_qkv: q_proj, k_proj, v_proj reading one input -> one qkv_proj linear + split.
+"""fuse_qkv: the linears of one attention's qkv fusion group (q, k, v projections reading
+one input; their role says so, builder/roles.py) -> one linear + split.
 
 One GEMM instead of three: the activations are read once and the kernel runs on a wider N,
 which matters most at decode where each GEMV is short.
@@ -7,7 +8,8 @@ which matters most at decode where each GEMV is short.
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph
 from bessemer.builder.rewrite import fuse_sibling_linears
+from bessemer.builder.roles import QKV
 
 
 def fuse_qkv(graph: Graph, build: BuildConfig) -> Graph:
-    return fuse_sibling_linears(graph, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+    return fuse_sibling_linears(graph, QKV)

@@ -15,6 +15,11 @@ class CudaTarget(Target):
     name = "cuda"
 
     # ---- builder ----
+    def has_kernel(self, op: str) -> bool:
+        from bessemer.targets.cuda.lower import SUPPORTED_OPS
+
+        return op in SUPPORTED_OPS
+
     def check_build(self, build) -> None:
         from bessemer.targets.cuda.compile import GPU_ARCHS
 

@@ -1,0 +1,199 @@
+"""`bessemer diff`: every node of an engine against HF transformers on the same tokens.
+
+The engine's own kernels compute each node: for plan step i, an executor runs the steps up
+to i and returns that step's output (its plan truncated there, the output view as its
+"logits"). HF's values are captured by forward hooks and matched by module path, which node
+names keep: a node is compared with its HF module's output, or with the input of the HF
+module that reads it (attention -> o_proj's input, the gated activation -> down_proj's
+input, a residual add -> the next norm's input), or, for a linear the fusion passes made,
+with its parts' modules' outputs side by side. The first node over the tolerance is where a
+new family, a wrong checkpoint or a kernel goes wrong.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from bessemer.errors import BessemerError
+from bessemer.format import container
+from bessemer.format.step import StepBatch
+
+# ops whose HF module output is the node's value (other ops are matched through consumers)
+OWN_OUTPUT_OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rms_norm_heads")
+# ops whose input 0 is their HF module's input (not add_rms_norm: HF's norm reads the sum)
+SAME_INPUT_OPS = ("linear", "rms_norm", "rms_norm_heads")
+
+
+@dataclass
+class NodeDiff:
+    step: int
+    node: str
+    op: str
+    max_error: float | None  # None: no HF counterpart
+    max_ref: float
+    rel_error: float | None
+    ok: bool
+
+
+def default_rtol(config: dict) -> float:
+    """fp32 engines: summation order only; bf16 weights or quantization: their own error."""
+    if config.get("quant"):
+        return 0.1
+    return 1e-4 if config["build"]["dtype"] == "float32" else 3e-2
+
+
+def reference_graph(model_dir: Path, fuse: bool):
+    """The graph the engine was lowered from (same family, same fusion), for node structure."""
+    from bessemer.builder.checkpoint import Checkpoint
+    from bessemer.builder.config import BuildConfig
+    from bessemer.builder.pipeline import run_passes
+    from bessemer.models.registry import family_for
+
+    ckpt = Checkpoint(model_dir)
+    family = family_for(ckpt.config)
+    graph = family.build_graph(family.config_from_hf(ckpt.config), ckpt.shapes())
+    ckpt.close()
+    return run_passes(graph, BuildConfig(fuse=fuse), lowered=False)[0]
+
+
+def capture_hf(model_dir: Path, ids: list[int]) -> dict:
+    """{module path: (input 0, output)} of every HF module, (T, width) float32."""
+    import torch
+
+    from bessemer.runtime.evaluate import load_hf_model
+
+    model = load_hf_model(model_dir, "bessemer diff")
+    seen: dict[str, tuple] = {}
+
+    def flat(t):
+        if isinstance(t, (tuple, list)):
+            t = t[0] if t else None
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            return None
+        return t.detach().float().reshape(len(ids), -1).numpy() if t.numel() % len(ids) == 0 else None
+
+    def hook(name):
+        def record(module, args, output):
+            seen[name] = (flat(args[0]) if args else None, flat(output))
+        return record
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def reference_value(node, graph, hf: dict) -> np.ndarray | None:
+    users = graph.consumers().get(node.outputs[0], [])
+    if any(u.op == "scale" for u in users):
+        return None  # HF's module output already holds the scaling that follows here
+    for u in users:  # the input of an HF module that reads this value
+        if (u.op in SAME_INPUT_OPS and u.name in hf and u.inputs[0] == node.outputs[0]
+                and hf[u.name][0] is not None):
+            return hf[u.name][0]
+    if node.op in OWN_OUTPUT_OPS and node.name in hf and hf[node.name][1] is not None:
+        return hf[node.name][1]
+    if node.op == "linear":  # fused: its parts' modules side by side
+        pieces = []
+        ref = node.weights[0]
+        for i, part in enumerate(ref.parts):
+            out = hf.get(part.rsplit(".", 1)[0], (None, None))[1]
+            if out is None:
+                return None
+            pieces.append(out[:, ref.slices[i][0]:ref.slices[i][1]] if ref.slices else out)
+        return np.concatenate(pieces, axis=1)
+    return None
+
+
+def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
+    """The output of plan step `step` for one prompt, computed by the engine's kernels: the
+    plan cut after that step, plus one `add` of the output to itself into a fresh buffer as
+    wide as the vocabulary (the executor returns vocab_size columns and checks token ids
+    against it), halved here (x + x and / 2 are exact)."""
+    plan = engine.header["plan"]
+    buf, col, width = plan["steps"][step]["outs"][0]
+    vocab = plan["vocab_size"]
+    if width > vocab:
+        return None
+    rows = plan["buffers"][buf]["rows"]
+    out = len(plan["buffers"])
+    double = {"op": "add", "version": 1, "node": "diff.capture", "ins": [[buf, col, width], [buf, col, width]],
+              "outs": [[out, 0, width]], "weights": [], "attrs": {}}
+    steps = plan["steps"][:step + 1] + [double]
+    # the cache holds the layers the kept steps read (the loader refuses unread layers)
+    layers = max((int(s["attrs"]["layer"]) + 1 for s in steps if "layer" in s["attrs"]), default=0)
+    truncated = dict(plan, steps=steps, logits=[out, 0, vocab], kv_cache=dict(plan["kv_cache"], num_layers=layers),
+                     buffers=plan["buffers"] + [{"id": out, "width": vocab, "rows": rows}])
+    bs = int(engine.build["kv_block_size"])
+    blocks = -(-len(ids) // bs)
+    header = dict(engine.header, plan=truncated)
+    # the executor reads the plan from its rank file: a copy with this plan in its header
+    rank = workdir / engine.rank_path.name
+    if not rank.exists() or not container.write_header_in_place(rank, header):
+        container.rewrite_header(engine.rank_path, rank, lambda h: h.update(plan=truncated))
+    executor = replace(engine, header=header, rank_path=rank).create_executor(1, blocks + 1)
+    t = len(ids)
+    doubled = executor.step(StepBatch.of(ids, np.arange(t), [0, t], [t], np.arange(blocks)[None, :], np.arange(t)))
+    return doubled[:, :width] / np.float32(2)
+
+
+def diff_engine(engine_dir: str | Path, model_dir: str | Path, ids: list[int], rtol: float | None = None,
+                progress=lambda m: None) -> tuple[list[NodeDiff], float]:
+    from bessemer.runtime.engine import Engine
+
+    engine = Engine.load(engine_dir)
+    if engine.config["mapping"]["tp_size"] != 1:
+        raise BessemerError("bessemer diff compares single-rank engines; build the engine again with --tp 1")
+    rtol = default_rtol(engine.config) if rtol is None else rtol
+    graph = reference_graph(Path(model_dir), bool(engine.build.get("fuse", True)))
+    nodes = {n.name: n for n in graph.nodes}
+    progress(f"running {model_dir} with transformers")
+    hf = capture_hf(Path(model_dir), ids)
+    rows = []
+    steps = engine.header["plan"]["steps"]
+    with tempfile.TemporaryDirectory(prefix="bessemer-diff-") as workdir:
+        rows = _diff_steps(engine, steps, nodes, graph, hf, ids, rtol, Path(workdir), progress)
+    return rows, rtol
+
+
+def _diff_steps(engine, steps, nodes, graph, hf, ids, rtol, workdir: Path, progress) -> list[NodeDiff]:
+    rows = []
+    for i, step in enumerate(steps):
+        node = nodes.get(step["node"])
+        if not step["outs"] or node is None:
+            continue
+        ref = reference_value(node, graph, hf)
+        got = run_prefix(engine, i, ids, workdir)
+        if ref is None or got is None or ref.shape != got.shape:
+            rows.append(NodeDiff(i, node.name, step["op"], None, 0.0, None, True))
+            continue
+        err, scale = float(np.abs(got - ref).max()), float(np.abs(ref).max())
+        rel = err / max(scale, 1e-30)
+        rows.append(NodeDiff(i, node.name, step["op"], err, scale, rel, rel <= rtol))
+        if (i + 1) % 20 == 0:
+            progress(f"diff: {i + 1}/{len(steps)} plan steps")
+    return rows
+
+
+def format_diff(rows: list[NodeDiff], rtol: float) -> str:
+    first = next((r for r in rows if not r.ok), None)
+    lines = [f"{'step':>4}  {'node':<48} {'op':<16} {'max|err|':>10} {'max|HF|':>10} {'rel':>9}  (tolerance {rtol:g})"]
+    for r in rows:
+        if r.max_error is None:
+            lines.append(f"{r.step:>4}  {r.node:<48} {r.op:<16} {'-':>10} {'-':>10} {'-':>9}  no HF counterpart")
+            continue
+        mark = "  <- first divergence" if r is first else ("" if r.ok else "  over")
+        lines.append(f"{r.step:>4}  {r.node:<48} {r.op:<16} {r.max_error:>10.3g} {r.max_ref:>10.3g} "
+                     f"{r.rel_error:>9.2e}{mark}")
+    compared = sum(r.max_error is not None for r in rows)
+    lines.append(f"first diverging node: {first.node} (step {first.step})" if first else
+                 f"all {compared} compared nodes within tolerance")
+    return "\n".join(lines)
