@@ -36,6 +36,10 @@ from bessemer.runtime.outputs import SequenceUpdate
 from bessemer.runtime.sampling_params import SamplingParams
 
 
+class EngineFailedError(RuntimeError):
+    """The engine cannot serve any request (a 503): not the request's fault."""
+
+
 class EngineClosedError(RuntimeError):
     """The engine is shutting down and takes no new requests (HTTP 503, not a user error)."""
 
@@ -137,6 +141,9 @@ class AsyncLLM:
         (RequestError for a prompt the engine cannot take) or EngineClosedError."""
         if self._closed:
             raise EngineClosedError("the engine is shutting down")
+        problem = self.failure()
+        if problem:
+            raise EngineFailedError(problem)
         stream = RequestStream(self, asyncio.get_running_loop(), params.n)
         self._submit(("add", stream, list(token_ids), params))
         try:
@@ -175,6 +182,14 @@ class AsyncLLM:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
+
+    def failure(self) -> str | None:
+        """Why this engine cannot serve (its thread stopped, its executor failed: a dead
+        tensor-parallel rank), or None."""
+        if not self._thread.is_alive():
+            return "the engine thread has stopped"
+        check = getattr(self._core.executor, "failure", None)
+        return check() if check is not None else None
 
     def _submit(self, command: tuple) -> None:
         self._commands.append(command)

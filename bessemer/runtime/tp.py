@@ -62,8 +62,9 @@ class TensorParallelExecutor:
         self._error: str | None = None
 
     def step(self, batch: StepBatch) -> np.ndarray:
-        if self._error:
-            raise TensorParallelError(self._error)
+        problem = self.failure()
+        if problem:
+            raise TensorParallelError(problem)
         try:
             self._send(batch.encode())
             return self.local.step(batch)
@@ -75,6 +76,18 @@ class TensorParallelExecutor:
     def close(self) -> None:
         if self.workers is not None:
             self.workers.stop()
+
+    def failure(self) -> str | None:
+        """Why this group can no longer step (a failed step, a worker rank that exited),
+        or None while it can: what /health reports."""
+        if self._error:
+            return self._error
+        if self.workers is not None:
+            for rank, p in enumerate(self.workers.procs, start=1):
+                code = p.poll()
+                if code is not None:
+                    return f"tensor-parallel rank {rank} exited with code {code}; restart the server"
+        return None
 
     def __getattr__(self, name):  # isa, num_threads, kernels, profile_stats, ...
         return getattr(self.local, name)

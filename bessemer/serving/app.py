@@ -19,7 +19,7 @@ import time
 import uuid
 
 from bessemer.errors import BessemerError
-from bessemer.runtime.async_llm import AsyncLLM, EngineClosedError, RequestStream
+from bessemer.runtime.async_llm import AsyncLLM, EngineClosedError, EngineFailedError, RequestStream
 from bessemer.serving import protocol as P
 from bessemer.serving.metrics import ServerMetrics
 from bessemer.serving.streams import Collected, events
@@ -63,6 +63,10 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     async def engine_closed(request, e):
         return error_response(_shutting_down())
 
+    @app.exception_handler(EngineFailedError)
+    async def engine_failed(request, e):
+        return error_response(P.ApiError(503, str(e), "server_error"))
+
     @app.exception_handler(HTTPException)  # unknown route, wrong method
     async def http_error(request, e: HTTPException):
         return error_response(P.ApiError(e.status_code, str(e.detail)))
@@ -86,8 +90,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     # ---- plain routes ----
     @app.get("/health")
     async def health():
-        if not engine.is_alive:
-            return error_response(P.ApiError(503, "the engine thread has stopped", "server_error"))
+        problem = engine.failure()
+        if problem:
+            return error_response(P.ApiError(503, problem, "server_error"))
         return {"status": "ok"}
 
     @app.get("/v1/models", **v1)
