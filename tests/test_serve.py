@@ -302,3 +302,22 @@ def test_bad_requests_fail_alone_while_a_long_generation_runs(server, tokenizer)
 def test_metrics_need_the_api_key_when_one_is_set(server):
     assert httpx.get(f"{server.url}/metrics").status_code == 401
     assert "bessemer_" in httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+
+
+def test_a_huge_prompt_is_refused_without_freezing_the_server(server):
+    """A 10 MB prompt (under the body limit) cannot fit the engine: it is refused from its
+    length in characters, before tokenizing (which takes ~12 s and held the interpreter,
+    freezing /health and every stream), and /health answers meanwhile."""
+    import threading
+
+    result = {}
+    body = {"model": MODEL, "prompt": "lorem ipsum dolor " * 600_000, "max_tokens": 4}
+    worker = threading.Thread(target=lambda: result.setdefault("r", server.post("/v1/completions", body)))
+    t0 = time.monotonic()
+    worker.start()
+    health = httpx.get(f"{server.url}/health", timeout=10)
+    worker.join(timeout=120)
+    assert health.status_code == 200
+    r = result["r"]
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text[:300]
+    assert time.monotonic() - t0 < 5.0

@@ -148,7 +148,13 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     @app.post("/v1/completions", **v1)
     async def completions(request: Request):
         req: P.CompletionRequest = await read(request, P.CompletionRequest)
-        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts()]
+        # tokenizing a long prompt takes seconds: off the event loop, so /health and the
+        # other connections keep being served meanwhile
+        for p in req.prompts():
+            if isinstance(p, str):
+                tokenizer.check_length(p, engine.llm.max_seq_len)
+        prompts = await asyncio.to_thread(lambda: [tokenizer.encode(p) if isinstance(p, str) else p
+                                                   for p in req.prompts()])
         params = req.sampling_params(req.max_tokens, req.logprobs)
         streams = await start(prompts, params)
         rid, num_prompt = f"cmpl-{uuid.uuid4().hex}", sum(len(p) for p in prompts)
@@ -177,7 +183,10 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request):
         req: P.ChatCompletionRequest = await read(request, P.ChatCompletionRequest)
-        prompt = tokenizer.encode_chat([m.as_template_input() for m in req.messages], tools=req.template_tools())
+        messages = [m.as_template_input() for m in req.messages]
+        tokenizer.check_length("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
+                               engine.llm.max_seq_len)
+        prompt = await asyncio.to_thread(tokenizer.encode_chat, messages, tools=req.template_tools())
         k = req.num_logprobs()
         forced = req.tool_call_schema()  # "required" or a named function: the output is the call
         params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, json_schema=forced)
