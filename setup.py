@@ -12,8 +12,11 @@ EXTRA_COMPILE_ARGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenm
 
 ext = Pybind11Extension(
     "bessemer._C",
-    sorted(glob("bessemer/runtime/csrc/*.cpp") + glob("bessemer/plugins/csrc/*.cpp")),
-    include_dirs=["bessemer/runtime/csrc", "bessemer/plugins/csrc"],
+    # the engine contract's C++ (format/csrc) and the cpu target: executor, bindings and
+    # communicator (targets/cpu/csrc), kernels (targets/cpu/csrc/kernels)
+    sorted(glob("bessemer/format/csrc/*.cpp") + glob("bessemer/targets/cpu/csrc/*.cpp")
+           + glob("bessemer/targets/cpu/csrc/kernels/*.cpp")),
+    include_dirs=["bessemer/format/csrc", "bessemer/targets/cpu/csrc", "bessemer/targets/cpu/csrc/kernels"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
 )
@@ -23,15 +26,18 @@ setup(
     version="0.1.0",
     description="Ahead-of-time LLM engine builder and runtime",
     packages=find_packages(include=["bessemer", "bessemer.*"]),
-    package_data={"bessemer": ["py.typed"]},
+    # WikiText-2 validation text (CC BY-SA 3.0, see its README) for eval, gates and calibration
+    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*"]},
     python_requires=">=3.10",
     install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],
     extras_require={
         # The builder reads checkpoints with torch; the runtime needs none of these.
         "build": ["torch==2.13.0", "transformers", "gguf", "accelerate"],
         "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi", "uvicorn",
-                 "httpx", "openmpi", "mpi4py"],
+                 "httpx", "openmpi", "mpi4py", "llguidance==1.9.1", "jsonschema"],
         "serve": ["fastapi", "uvicorn"],
+        # constrained decoding (json_schema / regex / grammar, response_format, tools); no torch
+        "structured": ["llguidance==1.9.1"],
         # `mpirun -n N run-engine ...`: MPI rank discovery and collectives (runtime/tp_group.py)
         "mpi": ["openmpi", "mpi4py"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],

@@ -81,15 +81,10 @@ def select(patterns: str | None, universe) -> list[str]:
 
 
 def calibration_text() -> Path:
-    """WikiText-2 (valid) where the checkout has shared/ beside it, else a generated text."""
-    for wiki in (REPO.parent / "shared/data/wikitext-2/valid.txt", Path("/work/shared/data/wikitext-2/valid.txt")):
-        if wiki.exists():
-            return wiki
-    path = setup.cache_root() / "steel.txt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(" ".join(f"Steel mill {i} rolls plate and coil for the yard." for i in range(20000)))
-    return path
+    """WikiText-2 (valid), which ships in the bessemer package."""
+    from bessemer.datasets import wikitext2_valid
+
+    return wikitext2_valid()
 
 
 def tokenized_prompts(model: Path, workloads: dict) -> dict[str, list[list[int]]]:
@@ -100,8 +95,13 @@ def tokenized_prompts(model: Path, workloads: dict) -> dict[str, list[list[int]]
     return core.make_prompts(tok.encode(text, add_special_tokens=False), tok.encode_chat(core.CHAT), workloads)
 
 
-def prepare(name: str, model: Path, ckpt: str, quant_dtype: str) -> dict | None:
-    """Builds (or finds cached) the artifact of one system; None if it cannot exist yet."""
+def baseline_name(name: str, tree: Path) -> str:
+    return f"{name}@{tree.name[:7]}"
+
+
+def prepare(name: str, model: Path, ckpt: str, quant_dtype: str, tree: Path | None = None) -> dict | None:
+    """Builds (or finds cached) the artifact of one system (a Bessemer one by the baseline `tree`
+    if given); None if it cannot exist yet."""
     kind, recipe = SYSTEMS[name]
     if kind == "bessemer":
         args = list(recipe)
@@ -115,10 +115,11 @@ def prepare(name: str, model: Path, ckpt: str, quant_dtype: str) -> dict | None:
             if modes[mode]:  # calibrated (SmoothQuant...): a short calibration, this is about speed
                 args += ["--calib-data", str(calibration_text()), "--calib-samples", "16"]
         args += ["--max-seq-len", str(MAX_SEQ_LEN)]
-        path = setup.bessemer_engine(model, ckpt, name, args)
-        tensors, types = setup.engine_tensors(path)
+        path = setup.bessemer_engine(model, ckpt, name, args, tree)
+        # the same recipe stores the same weights: the bytes are read with this tree's loader
+        tensors, types = setup.engine_tensors(setup.bessemer_engine(model, ckpt, name, args) if tree else path)
         embed, head = "model.embed_tokens.weight", "lm_head.weight"
-        info = {"recipe": "build-engine " + " ".join(args)}
+        info = {"recipe": "build-engine " + " ".join(args), **({"tree": str(tree)} if tree else {})}
     elif kind == "llamacpp":
         path = setup.gguf_files(model, ckpt, [recipe])[recipe]
         tensors, types = setup.gguf_tensors(path)
@@ -145,10 +146,11 @@ def prepare(name: str, model: Path, ckpt: str, quant_dtype: str) -> dict | None:
 class Worker:
     """A system in its own process (compare_worker.py), stderr in a log file."""
 
-    def __init__(self, name: str, kind: str, path: str, threads: int, prompts_file: Path, log_dir: Path):
+    def __init__(self, name: str, kind: str, path: str, threads: int, prompts_file: Path, log_dir: Path,
+                 tree: str | None = None):
         py = str(setup.venv_python()) if kind in ("llamacpp", "ortgenai") else sys.executable
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               "PYTHONPATH": f"{tree or REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "BENCH_KV_CACHE_GIB": KV_CACHE_GIB}
         self.name, self.threads = name, threads
         self.log = log_dir / f"{name}.log"
@@ -254,6 +256,18 @@ def fmt_rate(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def vs_baseline(systems: dict, workloads: dict, medians: dict, tokens: dict) -> dict:
+    """this tree's rate / the baseline's, per workload, and whether both produced the same tokens."""
+    out = {}
+    for b in [s for s in systems if "@" in s]:
+        s = b.split("@")[0]
+        if s not in systems:
+            continue
+        out[s] = {w: {"ratio": round(medians[s][w] / medians[b][w], 3) if medians[s][w] and medians[b][w] else None,
+                      "same_tokens": tokens.get((s, w)) == tokens.get((b, w))} for w in workloads}
+    return out
+
+
 def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: dict, t0: float) -> dict:
     cells, repeated = res["cells"], res["repeated"]
     medians = {s: {w: (round(core.median([r.tok_s for r in cells[(s, w)]]), 2) if cells[(s, w)] else None)
@@ -288,14 +302,15 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
             s: {w: core.agreement(res["tokens"].get((s, w), []), res["tokens"][("hf-fp32", w)])
                 for w in workloads if ("hf-fp32", w) in res["tokens"]} for s in systems},
         "bandwidth_ceiling": ceiling,
+        "vs_baseline": vs_baseline(systems, workloads, medians, res["tokens"]),
     }
     widths = [len(w) + 8 for w in workloads]
-    print(f"\n{'system':22s}" + "".join(f"{w + ' tok/s':>{n}s}" for w, n in zip(workloads, widths))
+    print(f"\n{'system':28s}" + "".join(f"{w + ' tok/s':>{n}s}" for w, n in zip(workloads, widths))
           + f"{'MiB/tok':>9s}{'ceiling':>9s}{'% ceil':>8s}")
     for s in systems:
         c = ceiling[s]
         pct = c["decode_pct_of_ceiling"]
-        print(f"{s:22s}" + "".join(f"{fmt_rate(medians[s][w]):>{n}s}" for w, n in zip(workloads, widths))
+        print(f"{s:28s}" + "".join(f"{fmt_rate(medians[s][w]):>{n}s}" for w, n in zip(workloads, widths))
               + f"{c['weight_MiB_per_token']:>9.1f}{c['ceiling_tok_s']:>9.1f}{'-' if pct is None else f'{pct:.0f}%':>8s}")
     print(f"\ncopy bandwidth ({args.threads} threads): {bw['copy_GBps']} GB/s; ceiling = bandwidth / weight bytes per token")
     print(f"repeated (disturbed) runs: {sum(repeated.values())}; still disturbed after the retries: "
@@ -304,6 +319,11 @@ def report(args, systems: dict, workloads: dict, prompts: dict, res: dict, bw: d
     if any(agree.values()):
         print("leading greedy tokens equal to HF fp32's (of 16, decode workload): "
               + ", ".join(f"{s} {a.get('decode', '-')}" for s, a in agree.items() if s != "hf-fp32"))
+    if out["vs_baseline"]:
+        print("\nthis tree / baseline (same run, medians; tokens: greedy output identical to the baseline's):")
+        for s, row in out["vs_baseline"].items():
+            print(f"  {s:26s}" + "".join(f"  {w} {r['ratio']:.3f}x" if r["ratio"] else f"  {w} -" for w, r in row.items())
+                  + "  tokens " + ("identical" if all(r["same_tokens"] for r in row.values()) else "DIFFER"))
     print("\ntargets (same run, medians):")
     for t in out["targets"]:
         r = "n/a (system or workload not measured)" if t["ratio"] is None else f"{t['ratio']:.2f}x (goal {t['goal']}x) {'met' if t['met'] else 'MISSED'}"
@@ -344,6 +364,9 @@ def main() -> None:
     ap.add_argument("--max-retries", type=int, default=2, help="rounds of repeating disturbed runs")
     ap.add_argument("--time-budget", type=float, default=float("inf"),
                     help="minutes; no new workload starts after this (the ones done are reported)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also measure each selected Bessemer system as built and run by commit REV "
+                         "(exported and built once under the cache), interleaved in the same rounds")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results")
     args = ap.parse_args()
     if args.repeats < 1 or args.threads < 1:
@@ -370,6 +393,15 @@ def main() -> None:
             continue
         if info:
             systems[n] = info
+    tree = setup.baseline_tree(args.baseline) if args.baseline else None
+    for n in [n for n in names if tree and SYSTEMS[n][0] == "bessemer" and n in systems]:
+        try:
+            info = prepare(n, model, ckpt, args.quant_dtype, tree)
+        except SystemExit as e:
+            setup.say(f"skipped {baseline_name(n, tree)}: {e}")
+            continue
+        if info:
+            systems[baseline_name(n, tree)] = info
     prompts = tokenized_prompts(model, workloads)
     setup.say(f"measuring copy bandwidth ({args.threads} threads)")
     bw = setup.copy_bandwidth(args.threads)
@@ -382,7 +414,7 @@ def main() -> None:
     try:
         for n, info in list(systems.items()):
             setup.say(f"starting {n}")
-            wk = Worker(n, info["kind"], info["path"], args.threads, Path(f.name), log_dir)
+            wk = Worker(n, info["kind"], info["path"], args.threads, Path(f.name), log_dir, info.get("tree"))
             if wk.error:
                 setup.say(f"skipped {n}: {wk.error} (log: {wk.log})")
                 wk.close()

@@ -50,13 +50,13 @@ def short_hash(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _run_logged(cmd: list[str], log: Path, env: dict | None = None, what: str = "") -> None:
+def _run_logged(cmd: list[str], log: Path, env: dict | None = None, what: str = "", cwd: Path | None = None) -> None:
     """Runs cmd with its output in `log`, printing progress every 30 s; on failure, the log's
     tail and one error line."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
         while proc.poll() is None:
             time.sleep(1)
             if int(time.time() - t0) % 30 == 0:
@@ -199,19 +199,46 @@ def bessemer_modes() -> dict[str, bool]:
     return {m: algo in CALIBRATED for m, (_, algo) in MODES.items()}
 
 
-def bessemer_engine(model_dir: Path, ckpt_hash: str, name: str, args: list[str]) -> Path:
+def bessemer_engine(model_dir: Path, ckpt_hash: str, name: str, args: list[str], tree: Path | None = None) -> Path:
+    """The engine of one recipe, built by this tree or by `tree` (a baseline_tree) and cached."""
     from bessemer.artifacts.inputs_hash import builder_source_hash
 
     import bessemer
 
-    d = cache_root() / "engines" / f"{name}-{short_hash(ckpt_hash, args, builder_source_hash(), bessemer.__version__)}"
+    # a baseline tree is a fixed commit: its directory name (the commit) keys its engines
+    builder = tree.name if tree else (builder_source_hash(), bessemer.__version__)
+    d = cache_root() / "engines" / f"{name}-{short_hash(ckpt_hash, args, builder)}"
     if not (d / "config.json").exists():
         say(f"building Bessemer engine {name} ({' '.join(args)})")
-        repo = Path(__file__).resolve().parents[1]
+        repo = tree or Path(__file__).resolve().parents[1]
         env = {"PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         _run_logged([sys.executable, "-m", "bessemer.cli.build", str(model_dir), "--output", str(d), "-q", *args],
                     d.with_name(d.name + ".log"), env=env, what=f"build-engine {name}")
     return d
+
+
+def baseline_tree(rev: str) -> Path:
+    """An earlier commit of this repository, exported and built (C++ extension in place) once
+    under the cache, so that its engines and runtime can be measured beside this tree's."""
+    repo = Path(__file__).resolve().parents[1]
+    res = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"error: --baseline {rev} is not a commit of {repo}; give a commit id or tag")
+    sha = res.stdout.strip()
+    tree = cache_root() / "trees" / sha[:12]
+    if (tree / ".built").exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
+    say(f"exporting and building the baseline {sha[:12]} in {tree}")
+    archive = subprocess.Popen(["git", "-C", str(repo), "archive", sha], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise SystemExit(f"error: git archive {sha[:12]} failed")
+    _run_logged([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], tree.with_name(tree.name + ".build.log"),
+                what=f"building the baseline's C++ extension ({sha[:12]})", cwd=tree)
+    (tree / ".built").write_text(sha + "\n")
+    return tree
 
 
 def engine_tensors(d: Path) -> tuple[list[tuple[str, int]], dict[str, str]]:

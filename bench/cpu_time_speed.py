@@ -12,7 +12,7 @@ names = sys.argv[1].split(",")
 root = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("engines/quant")
 llms = {n: LLM(root / n, num_threads=1, enable_prefix_caching=False) for n in names}
 tok = llms[names[0]].tokenizer
-text = read_dataset(Path(__file__).resolve().parents[2] / "shared/data/wikitext-2/valid.txt")
+text = read_dataset("wikitext2")
 prompt = tok.encode(text[:20000], add_special_tokens=False)[:512]
 runs = {n: {"prefill": [], "decode": []} for n in names}
 for n in names:

@@ -29,8 +29,9 @@ NEW_TOKENS = 128
 
 
 def prompt_ids(tokenizer_encode, n: int, seed: int) -> list[int]:
-    text = (Path(__file__).resolve().parents[2] / "shared/data/wikitext-2/valid.txt")
-    words = text.read_text()[seed * 5000: seed * 5000 + 20000] if text.exists() else "the quick brown fox " * 2000
+    from bessemer.datasets import wikitext2_valid
+
+    words = wikitext2_valid().read_text()[seed * 5000: seed * 5000 + 20000]
     ids = tokenizer_encode(words)
     return ids[:n]
 

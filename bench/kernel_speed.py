@@ -19,7 +19,6 @@ with distinct weight tensors; the time of a plan without the linear steps is sub
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -30,20 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import (  # noqa: E402
-    TensorEntry,
-    encode,
-    pack_panel16,
-    packed_nbytes,
-    write_rank_file,
-)
-from bessemer.quantization.packing import (  # noqa: E402
-    GROUP_PARAM_DTYPE,
-    int4_codes_layout,
-    pack_group_params,
-    pack_int4_codes,
-    pack_vnni16,
-)
+from bessemer.targets.cpu.lowering import QUANT_KERNELS  # noqa: E402
+from bessemer.format.container import TensorEntry, rewrite_header, write_rank_file  # noqa: E402
+from bessemer.format.step import StepBatch  # noqa: E402
+from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
+from bessemer.quantization.formats import Int4Group  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
@@ -77,8 +67,12 @@ def copy_bandwidth(nbytes=512 << 20):
 
 
 def int4_form(K, dtype):
-    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it, else panel16_int4 + fp32."""
-    return (int4_codes_layout(K), GROUP_PARAM_DTYPE) if dtype == "int4@2" else ("panel16_int4", "float32")
+    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it (the cpu
+    lowering's choice for Int4Group), else panel16_int4 + fp32."""
+    if dtype == "int4@2":
+        fmt = Int4Group(W4_GROUP, zero_point=True)
+        return QUANT_KERNELS[("linear", Int4Group)](fmt, (16, K)).layouts["codes"], fmt.param_dtype
+    return "panel16_int4", "float32"
 
 
 def weight_entries(name, w, dtype):
@@ -99,8 +93,8 @@ def weight_entries(name, w, dtype):
         codes = quantize_int4(w, sc, off, W4_GROUP)
         layout, pdt = int4_form(K, dtype)
         return [TensorEntry(name, "int4", layout, (N, K), lambda: pack_int4_codes(codes, layout)),
-                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: pack_group_params(sc, pdt)),
-                TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: pack_group_params(off, pdt))], \
+                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: encode(sc, pdt, "panel16")),
+                TensorEntry(name + ".o", pdt, "panel16", off.shape, lambda: encode(off, pdt, "panel16"))], \
             [name, name + ".s", name + ".o"]
     return [TensorEntry(name, dtype, "panel16", (N, K), lambda: encode(w, dtype, "panel16"))], [name]
 
@@ -139,17 +133,15 @@ def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
 
 
 def run_engine(path, M, threads, isa, with_linear=True):
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    plan = hdr["plan"]
-    if not with_linear:
-        plan = dict(plan, steps=plan["steps"][:1])
-    ex = _C.Executor(f, hdr["tensors"], plan, threads, 16, 1, isa)
+    if not with_linear:  # the same file with only the embedding step
+        path = rewrite_header(path, path.with_suffix(".base"),
+                              lambda h: h["plan"].update(steps=h["plan"]["steps"][:1]))
+    ex = _C.Executor(_C.EngineFile(str(path)), threads, 16, 1, isa)
     tok = i32(np.arange(M) % 64)
-    args = (tok, i32(np.zeros(M)), i32([0, M]), i32([M]), i32(np.full((1, (M + 15) // 16), -1)), i32([0]))
+    batch = StepBatch.of(tok, np.zeros(M), [0, M], [M], np.full((1, (M + 15) // 16), -1), [0])
     for _ in range(2):
-        ex.step(*args)
-    return ex, timeit(lambda: ex.step(*args))
+        ex.step(batch)
+    return ex, timeit(lambda: ex.step(batch))
 
 
 def bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng):
@@ -157,6 +149,7 @@ def bench_bessemer(tmp, M, N, K, dtype, threads, isa, R, rng):
     ex, t_all = run_engine(path, M, threads, isa)
     _, t_base = run_engine(path, M, threads, isa, with_linear=False)
     path.unlink()
+    path.with_suffix(".base").unlink()
     return ex.isa, max(t_all - t_base, 1e-9) / R, weights
 
 

@@ -24,11 +24,12 @@ from pathlib import Path
 
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
+from bessemer.datasets import wikitext2_valid
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.evaluate import perplexity, read_dataset, windows
 from bessemer.runtime.llm import LLM, SamplingParams
 
-WIKITEXT = Path(__file__).resolve().parents[2] / "shared/data/wikitext-2/valid.txt"
+WIKITEXT = wikitext2_valid()
 MODES = {  # name -> (dtype, quant config or None)
     "fp32": ("float32", None),
     "bf16": ("bfloat16", None),

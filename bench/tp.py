@@ -31,8 +31,9 @@ HIDDEN = 576
 
 
 def _prompt(llm, n: int) -> list[int]:
-    text = Path(__file__).resolve().parents[2] / "shared/data/wikitext-2/valid.txt"
-    words = text.read_text()[:20000] if text.exists() else "the quick brown fox " * 2000
+    from bessemer.datasets import wikitext2_valid
+
+    words = wikitext2_valid().read_text()[:20000]
     return llm.tokenizer.encode(words)[:n]
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-WIKITEXT = SHARED_DATA / "wikitext-2" / "valid.txt"
+from bessemer.datasets import wikitext2_valid
+
+WIKITEXT = wikitext2_valid()  # ships in the package: a fresh clone has everything it needs
 
 TINY_BASE = dict(hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=250, max_position_embeddings=256,

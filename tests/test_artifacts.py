@@ -20,9 +20,10 @@ from bessemer.artifacts.runner import ci_build
 from bessemer.artifacts.spec import load_spec
 from bessemer.artifacts.verify import verify
 from bessemer.cli.main import main as cli
+from bessemer.datasets import wikitext2_valid
 from bessemer.errors import InvalidOptionError
 
-DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "valid.txt"
+DATASET = wikitext2_valid()
 TINY_GREEDY = {"prompts": [[1, 2, 3, 4], [5, 6, 7], [10, 20, 30, 40, 50]], "max_new_tokens": 8,
                "min_agreement": 0.5}
 
@@ -135,6 +136,8 @@ def test_repo_engines_yaml_is_valid():
     names = [e.name for e in spec.engines]
     assert {"smollm2-fp32", "smollm2-w8a16"} <= set(names)
     assert all(e.perplexity and e.greedy for e in spec.engines)
+    # the gates score the built-in WikiText-2 text, which ships in the package
+    assert all(e.perplexity.dataset == DATASET for e in spec.engines)
 
 
 def test_cli_schema_error_is_one_line(tmp_path, fake_ckpt):

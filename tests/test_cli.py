@@ -130,9 +130,8 @@ def test_killed_build_leaves_no_partial_engine(tiny_checkpoint, tmp_path):
 
 
 def test_eval_json_and_reference(smollm2_dir, smollm2_engine):
-    from conftest import WIKITEXT
-
-    proc = run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", str(WIKITEXT),
+    # the built-in name: WikiText-2 validation text ships in the package
+    proc = run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", "wikitext2",
                "--context-len", "256", "--max-tokens", "768", "--reference", str(smollm2_dir), "--json",
                "--threads", "2", check=True)
     result = json.loads(proc.stdout)

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from bessemer.builder import engine_format as fmt
+from bessemer.format import container as fmt
+from bessemer.format.layouts import LAYOUT_IDS, pack_panel16
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
 from bessemer.errors import EngineLoadError
@@ -36,8 +37,8 @@ def test_round_trip_header_and_tensors(tiny_checkpoint, tmp_path):
     entry = next(t for t in header["tensors"] if t["name"] == "model.layers.1.mlp.down_proj.weight")
     raw = (engine / "rank0.engine").read_bytes()[data_offset + entry["offset"]:][: entry["nbytes"]]
     w = hf["model.layers.1.mlp.down_proj.weight"]
-    assert entry["layout"] == fmt.LAYOUT_IDS["panel16"] and entry["offset"] % fmt.TENSOR_ALIGN == 0
-    assert np.frombuffer(raw, np.float32).tobytes() == fmt.pack_panel16(w).tobytes()
+    assert entry["layout"] == LAYOUT_IDS["panel16"] and entry["offset"] % fmt.TENSOR_ALIGN == 0
+    assert np.frombuffer(raw, np.float32).tobytes() == pack_panel16(w).tobytes()
     # the fused qkv weight is the concatenation of q, k, v
     qkv = next(t for t in header["tensors"] if t["name"] == "model.layers.0.self_attn.qkv_proj.weight")
     assert qkv["shape"] == [64 + 32 + 32, 64]

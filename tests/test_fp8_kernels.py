@@ -7,7 +7,6 @@ then the fp8 linear); the reference is fp8.linear_fp8_reference in float64, the 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step
 from test_quant_kernels import entry, executor, f32_entry, write, zeros_entry  # noqa: E402
 
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import pack_panel16  # noqa: E402
+from bessemer.format.layouts import pack_panel16  # noqa: E402
 from bessemer.quantization import fp8  # noqa: E402
 from bessemer.quantization.primitives import sqnr_db  # noqa: E402
 
@@ -126,10 +125,8 @@ def test_fp8_errors(tmp_path):
 
     def load_err(plan, ents, match):
         path = write(tmp_path / "err.engine", plan, ents)
-        f = _C.EngineFile(str(path))
-        hdr = json.loads(f.header)
         with pytest.raises(ValueError, match=match):
-            _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)
+            _C.Executor(_C.EngineFile(str(path)), 1, 16, 1)
 
     plan = fp8_plan(N, K, False)
     load_err(plan, [emb, zeros_entry("q", "int8", "panel16", (N, K)), s, xs], "weight q: dtype int8 not supported")

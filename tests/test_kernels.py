@@ -20,16 +20,11 @@ import tolerances as tol  # noqa: E402
 from bessemer import _C  # noqa: E402
 from bessemer.plugins import ops  # noqa: E402
 from bessemer.quantization import kv_cache as kvq  # noqa: E402
-from bessemer.quantization.kv_cache import kv_bytes_per_token  # noqa: E402
-from bessemer.builder.engine_format import (  # noqa: E402
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    TensorEntry,
-    bfloat16_bits_to_float32,
-    encode,
-    to_bfloat16_bits,
-    write_rank_file,
-)
+from bessemer.format.container import FORMAT_MAJOR, FORMAT_MINOR, TensorEntry, rewrite_header, write_rank_file  # noqa: E402
+from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits  # noqa: E402
+from bessemer.format.kv import kv_bytes_per_token  # noqa: E402
+from bessemer.format.layouts import encode  # noqa: E402
+from bessemer.format.step import StepBatch  # noqa: E402
 
 _FEATS = _C.cpu_features()
 ISAS = ["avx2"] + (["avx512"] if all(_FEATS[k] for k in ("avx512f", "avx512bw", "avx512vl")) else [])
@@ -75,13 +70,15 @@ def write_engine(path: Path, plan: dict, tensors: dict) -> Path:
     return path
 
 
-def load(path: Path, isa="auto", threads=2, block_size=16, num_blocks=64, tensors_override=None,
-         plan_override=None):
+def load(path: Path, isa="auto", threads=2, block_size=16, num_blocks=64):
     f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    return f, _C.Executor(f, tensors_override if tensors_override is not None else hdr["tensors"],
-                          plan_override if plan_override is not None else hdr["plan"],
-                          threads, block_size, num_blocks, isa)
+    return f, _C.Executor(f, threads, block_size, num_blocks, isa)
+
+
+def edited(path: Path, edit) -> Path:
+    """A copy of rank file `path` whose header `edit` changed (data unchanged): the executor
+    reads its plan and tensor table from the file, so a bad plan or table is a bad file."""
+    return rewrite_header(path, path.with_name(f"{path.stem}-edited{path.suffix}"), edit)
 
 
 def i32(x):
@@ -93,8 +90,8 @@ def run_flat(ex, tokens, logits_indices=None, block_size=16):
     T = len(tokens)
     nb = (T + block_size - 1) // block_size
     li = np.arange(T) if logits_indices is None else logits_indices
-    return ex.step(i32(tokens), i32(np.arange(T)), i32([0, T]), i32([T]), i32(np.full((1, nb), -1)),
-                   i32(li))
+    return ex.step(StepBatch(i32(tokens), i32(np.arange(T)), i32([0, T]), i32([T]), i32(np.full((1, nb), -1)),
+                             i32(li)))
 
 
 def build_and_run(tmp_path, plan, tensors, tokens, isa, threads=2, logits_indices=None, name="k.engine"):
@@ -140,7 +137,7 @@ def test_engine_file_errors(tmp_path):
     f = _C.EngineFile(str(major))  # opens (header readable); the Executor refuses it
     assert (f.format_major, f.format_minor, f.header) == (2, 3, b"{}")
     with pytest.raises(ValueError, match="format version 2.3"):
-        _C.Executor(f, [], {"buffers": [], "steps": [], "logits": [0, 0, 1], "vocab_size": 1}, 1, 16, 1)
+        _C.Executor(f, 1, 16, 1)
     with pytest.raises(FileNotFoundError):
         _C.EngineFile(str(tmp_path / "missing.engine"))
 
@@ -153,9 +150,8 @@ def test_truncated_rank_file(tmp_path):
     cut = tmp_path / "cut.engine"
     cut.write_bytes(data[:-16])
     f = _C.EngineFile(str(cut))
-    hdr = json.loads(f.header)
     with pytest.raises(ValueError, match="emb"):
-        _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 4)
+        _C.Executor(f, 1, 16, 4)
     # Cut inside the header: refused by EngineFile.
     cut2 = tmp_path / "cut2.engine"
     cut2.write_bytes(data[:40])
@@ -171,45 +167,41 @@ def _simple_engine(tmp_path):
     rng = np.random.default_rng(0)
     tensors = {"emb": (rng.standard_normal((10, 16)).astype(np.float32), "float32", "row_major"),
                "w": (rng.standard_normal((8, 16)).astype(np.float32), "float32", "panel16")}
-    path = write_engine(tmp_path / "s.engine", plan, tensors)
-    f = _C.EngineFile(str(path))
-    return f, json.loads(f.header)
+    return write_engine(tmp_path / "s.engine", plan, tensors)
 
 
 def test_executor_load_errors(tmp_path):
-    f, hdr = _simple_engine(tmp_path)
-    ok = _C.Executor(f, hdr["tensors"], hdr["plan"], 2, 16, 4)
+    path = _simple_engine(tmp_path)
+    ok = _C.Executor(_C.EngineFile(str(path)), 2, 16, 4)
     assert ok.num_threads == 2 and ok.kv_block_size == 16 and ok.num_kv_blocks == 4
     assert ok.isa in ("avx2", "avx512") and ok.kv_cache_bytes == 0
 
     def bad_plan(mutate):
-        p = json.loads(json.dumps(hdr["plan"]))
-        mutate(p)
-        return p
+        return lambda h: mutate(h["plan"])
 
     def bad_tensors(mutate):
-        t = json.loads(json.dumps(hdr["tensors"]))
-        mutate(t)
-        return t
+        return lambda h: mutate(h["tensors"])
 
     cases = [
-        (hdr["tensors"], bad_plan(lambda p: p["steps"][1].update(version=2)), r"unsupported kernel linear@2: this runtime supports .*linear@1"),
-        (hdr["tensors"], bad_plan(lambda p: p["steps"][1].update(op="conv")), "unsupported kernel conv@1"),
-        (hdr["tensors"], bad_plan(lambda p: p["steps"][1].update(weights=["nope"])), "nope"),
-        (hdr["tensors"], bad_plan(lambda p: p["steps"][1].update(ins=[[0, 4, 16]])), "outside buffer"),
-        (hdr["tensors"], bad_plan(lambda p: p["steps"][1].update(ins=[[7, 0, 16]])), "unknown buffer"),
-        (hdr["tensors"], bad_plan(lambda p: p.update(logits=[1, 0, 4])), "vocab_size"),
-        (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 1 << 20)), hdr["plan"], "w: data"),
-        (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 32)), hdr["plan"], "multiple of 64"),
-        (bad_tensors(lambda t: t[1].update(nbytes=t[1]["nbytes"] - 4)), hdr["plan"], "tensor w: nbytes"),
-        (bad_tensors(lambda t: t[1].update(layout=0)), hdr["plan"], "w"),
-        (bad_tensors(lambda t: t[1].update(dtype=9)), hdr["plan"], "unknown dtype"),
+        (bad_plan(lambda p: p["steps"][1].update(version=2)), r"unsupported kernel linear@2: this runtime supports .*linear@1"),
+        (bad_plan(lambda p: p["steps"][1].update(op="conv")), "unsupported kernel conv@1"),
+        (bad_plan(lambda p: p["steps"][1].update(weights=["nope"])), "nope"),
+        (bad_plan(lambda p: p["steps"][1].update(ins=[[0, 4, 16]])), "outside buffer"),
+        (bad_plan(lambda p: p["steps"][1].update(ins=[[7, 0, 16]])), "unknown buffer"),
+        (bad_plan(lambda p: p.update(logits=[1, 0, 4])), "vocab_size"),
+        (bad_plan(lambda p: p["steps"][1]["attrs"].update(eps="x")), "must be a number"),
+        (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 1 << 20)), "w: data"),
+        (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 32)), "multiple of 64"),
+        (bad_tensors(lambda t: t[1].update(nbytes=t[1]["nbytes"] - 4)), "tensor w: nbytes"),
+        (bad_tensors(lambda t: t[1].update(layout=0)), "w"),
+        (bad_tensors(lambda t: t[1].update(dtype=9)), "unknown dtype"),
+        (bad_tensors(lambda t: t[1].update(shape=[8, 16.0])), "shape must be an integer"),
     ]
-    for tensors, plan, match in cases:
+    for edit, match in cases:
         with pytest.raises(ValueError, match=match):
-            _C.Executor(f, tensors, plan, 1, 16, 4)
+            _C.Executor(_C.EngineFile(str(edited(path, edit))), 1, 16, 4)
     with pytest.raises(ValueError, match="isa"):
-        _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 4, "sse2")
+        _C.Executor(_C.EngineFile(str(path)), 1, 16, 4, "sse2")
 
 
 def test_weight_dtype_checked(tmp_path):
@@ -224,11 +216,10 @@ def test_weight_dtype_checked(tmp_path):
 
 
 def test_step_input_errors(tmp_path):
-    f, hdr = _simple_engine(tmp_path)
-    ex = _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 4)
+    ex = _C.Executor(_C.EngineFile(str(_simple_engine(tmp_path))), 1, 16, 4)
     good = dict(token_ids=i32([1, 2]), positions=i32([0, 1]), cu_seqlens=i32([0, 2]), context_lens=i32([2]),
                 block_tables=i32([[0]]), logits_indices=i32([1]))
-    assert ex.step(**good).shape == (1, 8)
+    assert ex.step(StepBatch(**good)).shape == (1, 8)
     for key, val, match in [("token_ids", i32([1, 8]), "token_ids"),        # vocab 8
                             ("positions", i32([0, 2]), "positions"),
                             ("block_tables", i32([[4]]), "block_tables"),
@@ -237,7 +228,7 @@ def test_step_input_errors(tmp_path):
                             ("context_lens", i32([17]), "context_lens"),
                             ("token_ids", np.array([1.0, 2.0]), "int32")]:
         with pytest.raises(ValueError, match=match):
-            ex.step(**dict(good, **{key: val}))
+            ex.step(StepBatch(**dict(good, **{key: val})))
 
 
 # ---------------------------------------------------------------- linear
@@ -398,7 +389,8 @@ def test_rope(tmp_path, isa, D, R, scaling):
     T = 20
     tokens = rng.integers(0, 40, T)
     pos = np.concatenate([[0, 1, 4095], rng.integers(0, 4096, T - 3)])
-    out = ex.step(i32(tokens), i32(pos), i32([0, T]), i32([4096]), i32(np.full((1, 256), -1)), i32(np.arange(T)))
+    out = ex.step(StepBatch(i32(tokens), i32(pos), i32([0, T]), i32([4096]), i32(np.full((1, 256), -1)),
+                            i32(np.arange(T))))
     f = pos.astype(np.float32)[:, None] * inv_freq[None, :]  # fp32 angle, as torch computes it
     c = np.cos(f.astype(np.float64)).astype(np.float32).astype(np.float64) * scaling
     s = np.sin(f.astype(np.float64)).astype(np.float32).astype(np.float64) * scaling
@@ -463,7 +455,7 @@ class AttnCase:
                 lo = max(0, p0 - self.window + 1)
                 bt[i, : lo // self.bs] = -1
         T = len(toks)
-        out = self.ex.step(i32(toks), i32(pos), i32(cu), i32(ctx), i32(bt), i32(np.arange(T)))
+        out = self.ex.step(StepBatch(i32(toks), i32(pos), i32(cu), i32(ctx), i32(bt), i32(np.arange(T))))
         x = self.table[np.array(toks)].astype(np.float64)
         q = x[:, : H * D].reshape(T, H, D)
         k = x[:, H * D: (H + Hkv) * D].reshape(T, Hkv, D)
@@ -577,7 +569,7 @@ def test_attention_missing_block_rejected(tmp_path):
     case = AttnCase(tmp_path, "auto", 2, 2, 16)
     case.step([(0, 0, 20)])
     with pytest.raises(ValueError, match="block_tables"):
-        case.ex.step(i32([1]), i32([20]), i32([0, 1]), i32([21]), i32([[case.tables[0][0], -1]]), i32([0]))
+        case.ex.step(StepBatch(i32([1]), i32([20]), i32([0, 1]), i32([21]), i32([[case.tables[0][0], -1]]), i32([0])))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -596,15 +588,14 @@ def test_attention_decode_split(tmp_path, isa, threads, kv_dtype):
 
 def test_executor_extras(tmp_path):
     """kernels list, opt-in per-op profiling, an empty step, any integer dtype accepted."""
-    f, hdr = _simple_engine(tmp_path)
-    ex = _C.Executor(f, hdr["tensors"], hdr["plan"], 2, 16, 4)
+    ex = _C.Executor(_C.EngineFile(str(_simple_engine(tmp_path))), 2, 16, 4)
     assert ex.kernels == ["embedding@1", "linear@1"]
     assert not ex.profiling
     ex.profiling = True
     args = (np.array([1, 2], np.int64), i32([0, 1]), i32([0, 2]), i32([2]), i32([[0]]), i32([0, 1]))
-    out = ex.step(*args)
+    out = ex.step(StepBatch(*args))
     stats = ex.profile_stats()
     assert set(stats) == {"embedding", "linear"} and stats["linear"][0] == 1 and stats["linear"][1] >= 0
-    np.testing.assert_array_equal(out, ex.step(*[i32(a) for a in args]))
-    empty = ex.step(i32([]), i32([]), i32([0]), i32([]), i32(np.zeros((0, 1))), i32([]))
+    np.testing.assert_array_equal(out, ex.step(StepBatch.of(*args)))
+    empty = ex.step(StepBatch(i32([]), i32([]), i32([0]), i32([]), i32(np.zeros((0, 1))), i32([])))
     assert empty.shape == (0, 8)

@@ -155,7 +155,7 @@ def test_kv_accounting_and_engine_record(kind, tiny_engine):
     gib = 512 * 1024 / 2**30  # binds between one sequence and max_batch_size x max_seq_len
     a, b = LLM(f32, num_threads=1, kv_cache_gib=gib), LLM(q, num_threads=1, kv_cache_gib=gib)
     kv = b.engine.header["plan"]["kv_cache"]
-    assert kv["dtype"] == kvq.PLAN_DTYPE[kind] and kv["scales"] == "dynamic_per_token_head_float32"
+    assert kv["dtype"] == {"int8": "int8", "fp8": "float8_e4m3"}[kind] and kv["scales"] == "dynamic_per_token_head_float32"
     L, Hkv, D = kv["num_layers"], kv["num_kv_heads"], kv["head_dim"]
     assert b.engine.kv_bytes_per_token() == 2 * L * Hkv * (D + 4)  # codes + one fp32 scale per head
     assert a.engine.kv_bytes_per_token() == 2 * L * Hkv * D * 4

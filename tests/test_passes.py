@@ -7,7 +7,7 @@ from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, Node, WeightRef, verify
 from bessemer.builder.interpret import interpret
-from bessemer.builder.lower import lower
+from bessemer.targets.cpu.lowering import lower
 from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
 from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
 from bessemer.builder.passes.fuse_qkv import fuse_qkv

@@ -17,14 +17,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
-from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step  # noqa: E402
+from test_kernels import ISAS, assert_close, edited, emb_step, make_plan, run_flat, step  # noqa: E402
 
 from bessemer import _C  # noqa: E402
-from bessemer.builder.engine_format import TensorEntry, pack_panel16, packed_nbytes, write_rank_file  # noqa: E402
-from bessemer.quantization.packing import (  # noqa: E402
-    pack_group_params,
+from bessemer.format.container import TensorEntry, write_rank_file  # noqa: E402
+from bessemer.format.layouts import (  # noqa: E402
+    encode,
     pack_int4_codes,
+    pack_panel16,
     pack_panel16_int4_k8,
+    packed_nbytes,
     unpack_panel16_int4_k8,
 )
 from bessemer.quantization.primitives import (  # noqa: E402
@@ -71,8 +73,8 @@ def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
         s, o = (s * nudge).astype(np.float32), (o * nudge).astype(np.float32)
     codes = quantize_int4(W, s, o, G)
     ents = [entry("c", "int4", layout, codes.shape, pack_int4_codes(codes, layout)),
-            entry("s", params, "panel16", s.shape, pack_group_params(s, params)),
-            entry("o", params, "panel16", o.shape, pack_group_params(o, params))]
+            entry("s", params, "panel16", s.shape, encode(s, params, "panel16")),
+            entry("o", params, "panel16", o.shape, encode(o, params, "panel16"))]
     return ents, dequantize_int4(codes, s, o, G)
 
 
@@ -95,9 +97,7 @@ def write(path, plan, entries):
 
 
 def executor(path, isa, threads=2):
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    return _C.Executor(f, hdr["tensors"], hdr["plan"], threads, 16, 1, isa)
+    return _C.Executor(_C.EngineFile(str(path)), threads, 16, 1, isa)
 
 
 def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1,
@@ -178,8 +178,8 @@ def test_int4_layout_lanes(tmp_path, version, layout):
     s, o = np.ones((N, 1), np.float32), np.zeros((N, 1), np.float32)
     table = np.eye(K, dtype=np.float32)
     ents = [f32_entry("emb", table), entry("c", "int4", layout, (N, K), pack_int4_codes(codes, layout)),
-            entry("s", "float32", "panel16", s.shape, pack_group_params(s, "float32")),
-            entry("o", "float32", "panel16", o.shape, pack_group_params(o, "float32"))]
+            entry("s", "float32", "panel16", s.shape, encode(s, "float32", "panel16")),
+            entry("o", "float32", "panel16", o.shape, encode(o, "float32", "panel16"))]
     path = write(tmp_path / "lanes.engine", quant_plan("w4", N, K, False, K, 0, 0, version), ents)
     for isa in ISAS:
         out = run_flat(executor(path, isa, 1), np.arange(K))
@@ -226,10 +226,8 @@ def test_sqnr_vs_fp32(tmp_path, isa):
 
 def _load_err(tmp_path, plan, ents, match):
     path = write(tmp_path / "err.engine", plan, ents)
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
     with pytest.raises(ValueError, match=match):
-        _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)
+        _C.Executor(_C.EngineFile(str(path)), 1, 16, 1)
 
 
 def test_w8_errors(tmp_path):
@@ -282,16 +280,13 @@ def test_panel16_int4_tensor_checks(tmp_path):
     c = zeros_entry("c", "int4", "panel16_int4", (N, K))
     s = zeros_entry("s", "float32", "panel16", (N, 3))
     path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, 32), [emb, c, s, zeros_entry("o", "float32", "panel16", (N, 3))])
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)  # loads
-    assert hdr["tensors"][1]["nbytes"] == 48 * K // 2
+    _C.Executor(_C.EngineFile(str(path)), 1, 16, 1)  # loads
+    assert json.loads(_C.EngineFile(str(path)).header)["tensors"][1]["nbytes"] == 48 * K // 2
     for key, val, match in [("nbytes", 48 * K, "tensor c: nbytes"), ("dtype", 3, "panel16_int4 layout needs dtype int4"),
                             ("shape", [N * K], "panel16_int4 layout needs a 2-D shape"), ("layout", 250, "unknown layout id 250")]:
-        t = json.loads(json.dumps(hdr["tensors"]))
-        t[1][key] = val
+        bad = edited(path, lambda h: h["tensors"][1].update({key: val}))
         with pytest.raises(ValueError, match=match):
-            _C.Executor(f, t, hdr["plan"], 1, 16, 1)
+            _C.Executor(_C.EngineFile(str(bad)), 1, 16, 1)
 
 
 def test_panel16_int4_k8_checks(tmp_path):
@@ -307,14 +302,11 @@ def test_panel16_int4_k8_checks(tmp_path):
     _load_err(tmp_path, quant_plan("w4", N, K, False, G, version=2), [emb, c, sb, o],
               "scales and offsets must have the same dtype")
     path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, G, version=2), [emb, c, s, o])
-    f = _C.EngineFile(str(path))
-    hdr = json.loads(f.header)
-    _C.Executor(f, hdr["tensors"], hdr["plan"], 1, 16, 1)  # loads
-    t = json.loads(json.dumps(hdr["tensors"]))
-    t[1]["shape"] = [N * 2, K // 2 - 4]  # same bytes, K = 44
-    t[1]["nbytes"] = 48 * 2 * (K // 2 - 4) // 2
+    _C.Executor(_C.EngineFile(str(path)), 1, 16, 1)  # loads
+    bad = edited(path, lambda h: h["tensors"][1].update(shape=[N * 2, K // 2 - 4],  # same bytes, K = 44
+                                                          nbytes=48 * 2 * (K // 2 - 4) // 2))
     with pytest.raises(ValueError, match="panel16_int4_k8 layout needs K a multiple of 8"):
-        _C.Executor(f, t, hdr["plan"], 1, 16, 1)
+        _C.Executor(_C.EngineFile(str(bad)), 1, 16, 1)
 
 
 # ---------------------------------------------------------------- int8 table shared by embedding and lm_head

@@ -16,7 +16,7 @@ from test_kernels import ISAS, emb_step, make_plan, run_flat, step  # noqa: E402
 from test_quant_kernels import _load_err, entry, executor, f32_entry, write, zeros_entry  # noqa: E402
 
 from bessemer.quantization import primitives as prim  # noqa: E402
-from bessemer.quantization.packing import pack_vnni16, unpack_vnni16  # noqa: E402
+from bessemer.format.layouts import pack_vnni16, unpack_vnni16  # noqa: E402
 
 V = 50
 

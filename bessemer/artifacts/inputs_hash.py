@@ -5,7 +5,7 @@ An engine is rebuilt unless all of these are unchanged since the run that built 
     the tokenizer files it copies), not their paths or times;
   - the build and quant options (and the content of the calibration text, if any);
   - `bessemer.__version__` and the engine format version;
-  - the builder's own source (builder/, models/, quantization/, plugins/): during development
+  - the builder's own source (builder/, format/, models/, quantization/, plugins/, targets/): during development
     the version string does not move, and an engine built by older code must not be reused.
 Gates are hashed apart (gates_hash), so that changing a threshold revalidates without a rebuild.
 """
@@ -17,11 +17,12 @@ import json
 from pathlib import Path
 
 import bessemer
-from bessemer.builder import engine_format as fmt
+from bessemer.format import container as fmt
 from bessemer.builder.build import TOKENIZER_FILES
 from bessemer.builder.config import BuildConfig
+from bessemer.datasets import text_path
 
-BUILDER_PACKAGES = ("builder", "models", "quantization", "plugins")
+BUILDER_PACKAGES = ("builder", "format", "models", "quantization", "plugins", "targets")
 SOURCE_SUFFIXES = (".py", ".cpp", ".h")
 
 
@@ -58,7 +59,7 @@ def engine_inputs(checkpoint_sha256: str, build: BuildConfig, builder_sha256: st
         "build": build.to_json(),
         "quant": quant.to_json() if quant else None,
         # quant.to_json keeps only the calibration file's name; its content is what matters
-        "calib_data_sha256": fmt.sha256_file(Path(quant.calib_data)) if quant and quant.calib_data else None,
+        "calib_data_sha256": fmt.sha256_file(text_path(quant.calib_data)) if quant and quant.calib_data else None,
         "bessemer_version": bessemer.__version__,
         "engine_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
         "builder_source_sha256": builder_sha256,

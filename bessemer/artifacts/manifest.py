@@ -25,7 +25,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from bessemer.builder.engine_format import sha256_file
+from bessemer.format.container import sha256_file
 from bessemer.errors import BessemerError
 
 MANIFEST_NAME = "manifest.json"

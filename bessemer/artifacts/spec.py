@@ -14,11 +14,11 @@ Schema (unknown fields are errors; relative paths are relative to the engines.ya
           tp: 1                      # kv_cache_dtype
           quant: w8a16               # w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq | fp8; the
           group_size: 128            # fields below need it: zero_point, exclude_modules (list),
-          calib_data: calib.txt      # lm_head, act_order, fp8_rounding, calib_samples, calib_seq_len,
+          calib_data: calib.txt      # (a file, or wikitext2) lm_head, act_order, fp8_rounding, calib_samples, calib_seq_len,
                                      # smoothquant_alpha, calib_backend, o_proj_smoothing
         gates:                       # optional; without gates an engine passes once it is built
           perplexity:                # engine vs HF transformers fp32 on the same tokens
-            dataset: valid.txt       # plain text; scored by the protocol of runtime/evaluate.py
+            dataset: wikitext2       # built-in name or plain-text file; scored by the protocol of runtime/evaluate.py
             context_len: 512         # tokens per window (default 512)
             max_tokens: 2048         # score the first N tokens (default 2048)
             max_increase_pct: 0.1    # pass if 100 * (ppl_engine / ppl_hf - 1) <= this
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bessemer.builder.config import BuildConfig
+from bessemer.datasets import text_path
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.quantization.config import QuantConfig
 
@@ -145,7 +146,7 @@ def _typed(where: str, field: str, value, kind):
 
 
 def _file(where: str, field: str, value, base: Path) -> Path:
-    path = base / _typed(where, field, value, str)
+    path = text_path(_typed(where, field, value, str), base)  # a built-in text by name, else relative to the YAML
     if not path.is_file():
         raise _error(where, f"{field} {value!r} is not a file (looked for {path})")
     return path

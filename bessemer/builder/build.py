@@ -18,21 +18,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 import bessemer
-from bessemer.builder import engine_format as fmt
+from bessemer.builder.calibrate import calibrate
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.input_groups import input_groups
-from bessemer.builder.lower import TensorSpec, lower
 from bessemer.builder.pipeline import run_passes
-from bessemer.builder.quantize_weights import (CalibrationResult, calibrate, pack_quantized, quantize_codes,
-                                               quantize_fp8_weight, slice_codes)
+from bessemer.builder.weights import WeightSource
+from bessemer.format import container
+from bessemer.format.kv import kv_cache_section
+from bessemer.format.layouts import packed_nbytes
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 from bessemer.models.rope import max_exact_positions
+from bessemer.targets import get_target
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json",
@@ -51,79 +51,6 @@ def _resolve_limits(build: BuildConfig, cfg) -> BuildConfig:
         raise InvalidOptionError(
             f"--max-seq-len {build.max_seq_len} exceeds {what}; use --max-seq-len {limit} or less")
     return build
-
-
-class WeightSource:
-    """Produces each engine tensor from the checkpoint when the writer asks for it.
-
-    A quantized weight is quantized once, when its first part (the codes) is asked for;
-    its scales/offsets follow it in the tensor order, then the cache is dropped.
-    A tensor-parallel shard (TensorSpec.slices) reads only its rows/columns of each part,
-    except where exactness needs the whole row: a K-split (column-sliced) int8 weight's
-    per-channel scale is the full row's, and GPTQ propagates error along the whole row, so
-    those read the full rows of the shard, quantize them and keep the shard's columns.
-    """
-
-    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
-        self.ckpt, self.constants = ckpt, constants
-        self.calibration = calibration
-        self.quant_stats: dict[str, dict] = {}
-        self._cached: tuple[str, dict] | None = None
-
-    def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
-        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
-        arr = self.ckpt.get(name, sl)
-        if self.calibration and name in self.calibration.transforms:
-            arr = self.calibration.transforms[name].apply(arr, sl)
-        return arr
-
-    def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
-        if spec.name in self.constants:
-            return self.constants[spec.name]
-        slices = spec.slices or (None,) * len(spec.parts)
-        if full_rows:
-            slices = [(s[0], s[1], 0, self.ckpt.index[p].shape[1]) for p, s in zip(spec.parts, slices)]
-        arrays = [self.part(p, sl) for p, sl in zip(spec.parts, slices)]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-
-    def _quantize(self, spec: TensorSpec) -> dict:
-        # GPTQ chooses 4-bit and E4M3 codes only (an int8 lm_head is round to nearest)
-        fp8 = dict(spec.quant).get("dtype") == "float8_e4m3"
-        searched = dict(spec.quant)["bits"] == 4 or fp8
-        hessian = self.calibration.hessian_for(spec) if self.calibration and searched else None
-        act_order = bool(self.calibration and self.calibration.act_order)
-        k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
-        if fp8:
-            amax = self.calibration.input_amax_for(spec) if self.calibration else None
-            # a K shard reads whole rows (N_shard, K): scales and GPTQ see the full row
-            c0, c1 = (k_split[0][2], k_split[0][3]) if k_split else (0, None)
-            parts, stats = quantize_fp8_weight(self.fp32(spec, full_rows=bool(k_split)), amax, c0, c1,
-                                               hessian, act_order)
-            self.quant_stats[spec.source] = stats
-            return parts
-        if k_split and (dict(spec.quant)["bits"] == 8 or hessian is not None):
-            full = self.fp32(spec, full_rows=True)  # (N_shard, K): whole rows
-            c0, c1 = k_split[0][2], k_split[0][3]
-            codes, scale, offset = slice_codes(*quantize_codes(full, spec.quant, hessian, act_order),
-                                               spec.quant, c0, c1)
-            w = full[:, c0:c1]
-        else:
-            w = self.fp32(spec)
-            codes, scale, offset = quantize_codes(w, spec.quant, hessian, act_order)
-        parts, self.quant_stats[spec.source] = pack_quantized(w, codes, scale, offset, spec.quant)
-        return parts
-
-    def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
-        def produce() -> np.ndarray:
-            if spec.role == "smooth":  # SmoothQuant 1/s for the kernel (o_proj): (K,), this rank's columns
-                smooth = self.calibration.multipliers[spec.parts[0]]
-                return smooth[spec.slices[0][2]:spec.slices[0][3]] if spec.slices else smooth
-            if not spec.quant:
-                return fmt.encode(self.fp32(spec), spec.dtype, spec.layout)
-            if self._cached is None or self._cached[0] != spec.source:
-                self._cached = (spec.source, self._quantize(spec))
-            return self._cached[1][spec.role]
-        return produce
 
 
 def _prepare_output(output: Path) -> Path:
@@ -164,9 +91,8 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     graph, applied = run_passes(graph, build, Path(dump_ir) if dump_ir else None)
     attn = next((n for n in graph.nodes if n.op == "attention"), None)
     kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
-    kv = dict(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads, head_dim=cfg.head_dim)
-    plan, specs = lower(graph, build, kv)
-    return graph, applied, plan, specs
+    kv = kv_cache_section(cfg.num_hidden_layers, kv_heads, cfg.head_dim, build.resolved_kv_dtype)
+    return graph, applied, get_target(build.target).lower(graph, build, kv)
 
 
 def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress) -> dict:
@@ -177,8 +103,9 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     ckpt = Checkpoint(model_dir)
     family = family_for(ckpt.config)
     cfg = family.config_from_hf(ckpt.config)
-    graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, build, model_dir, None)
-    total = sum(fmt.packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
+    graph, applied, lowered = _rank_graph(family, cfg, ckpt, build, model_dir, None)
+    specs = lowered.tensors
+    total = sum(packed_nbytes(s.shape, s.dtype, s.layout) for s in specs)
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
 
@@ -188,15 +115,15 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         if done[1] % 20 == 0 or done[0] == total:
             say(f"{prefix}packing weights: {done[1]}/{len(specs)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
 
-    header = {"rank": rank, "tp_size": build.tp_size, "target": build.target, "isa_baseline": "avx2",
-              "plan": plan.to_json()}
+    header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
+              **get_target(build.target).header_fields(build), "plan": lowered.plan}
     source = WeightSource(ckpt, graph.constants, calibration)
-    entries = [fmt.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
+    entries = [container.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
     rank_file = tmp / f"rank{rank}.engine"
-    digest = fmt.write_rank_file(rank_file, header, entries, on_tensor)
+    digest = container.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
-            "kernels": plan.kernels(), "applied": applied, "quant_error": source.quant_stats,
+            "kernels": list(lowered.kernels), "applied": applied, "quant_error": source.quant_stats,
             "seconds": round(time.perf_counter() - t, 3),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
@@ -244,10 +171,10 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     # so a bad --tp fails in a second with nothing written.
     t = time.perf_counter()
     for r in range(build.tp_size):
-        graph, applied, plan, specs = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
+        graph, applied, lowered = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
         if r == 0:
             say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
-                f"plan: {len(plan.steps)} kernel calls, {len(plan.buffers)} buffers"
+                f"plan: {lowered.summary}"
                 + (f" (rank 0 of {build.tp_size})" if build.tp_size > 1 else ""))
     timings["graph_and_passes"] = time.perf_counter() - t
 
@@ -256,7 +183,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         t = time.perf_counter()
         # inputs without a fold are smoothed only where the quantize pass gave the kernel a 1/s
         # (not, e.g., an excluded o_proj, which runs in floating point)
-        kernel_smoothed = frozenset(s.parts[0] for s in specs if s.role == "smooth")
+        kernel_smoothed = frozenset(s.parts[0] for s in lowered.tensors if s.role == "smooth")
         calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say,
                                 kernel_smoothed)
         timings["calibration"] = time.perf_counter() - t
@@ -275,9 +202,9 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
             shutil.copyfile(model_dir / name, tmp / name)
         n = build.tp_size
         config = {
-            "bessemer_format": {"major": fmt.FORMAT_MAJOR, "minor": fmt.FORMAT_MINOR},
+            "bessemer_format": {"major": container.FORMAT_MAJOR, "minor": container.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
-            "target": build.target, "isa_baseline": "avx2",
+            "target": build.target, **get_target(build.target).header_fields(build),
             "model": cfg.to_json(), "build": build.to_json(),
             "quant": build.quant.to_json() if build.quant else None,
             "mapping": {"tp_size": n, "pp_size": 1, "world_size": n},

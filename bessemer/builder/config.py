@@ -6,12 +6,12 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.config import QuantConfig
+from bessemer.targets import target_names
 
 DTYPES = ("float32", "bfloat16")
 # KV cache element types: the float ones, or one-byte codes with dynamic per-(token, head)
 # scales (quantization/kv_cache.py).
 KV_CACHE_DTYPES = DTYPES + ("int8", "fp8")
-TARGETS = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class BuildConfig:
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidOptionError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use one of "
                                      f"{', '.join(KV_CACHE_DTYPES)}")
-        if self.target not in TARGETS:
-            raise InvalidOptionError(f"--target {self.target!r} is not available; use one of {', '.join(TARGETS)}")
+        if self.target not in target_names():
+            raise InvalidOptionError(f"--target {self.target!r} is not available; use one of {', '.join(target_names())}")
         for name in ("max_batch_size", "max_num_tokens", "kv_block_size", "tp_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:

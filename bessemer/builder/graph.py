@@ -30,9 +30,9 @@ class WeightRef:
     name: str
     parts: tuple[str, ...]
     shape: tuple[int, ...]
-    # How the stored weight is quantized, set by the quantize pass: sorted (key, value)
-    # pairs such as (("bits", 4), ("group_size", 64), ("zero_point", False)); () = not.
-    quant: tuple = ()
+    # How the stored weight is quantized, set by the quantize pass: its stored format
+    # (quantization/formats.py, e.g. Int4Group(group_size=64, zero_point=False)); None = not.
+    quant: object = None
     # Which bytes of each part this rank stores, set by shard_tensor_parallel: one
     # (row_start, row_stop, col_start, col_stop) per part (cols ignored for a 1-D part);
     # () = every part whole. The weight source reads only these ranges.
@@ -186,7 +186,7 @@ def format_graph(graph: Graph) -> str:
     for n in graph.nodes:
         outs = ", ".join(f"%{o}:[{graph.values[o].rows},{graph.values[o].width}]" for o in n.outputs)
         ins = ", ".join(f"%{i}" for i in n.inputs)
-        ws = " ".join(f"{{{w.name} {list(w.shape)}{' ' + _quant_text(w.quant) if w.quant else ''}"
+        ws = " ".join(f"{{{w.name} {list(w.shape)}{' quant ' + w.quant.describe() if w.quant else ''}"
                       f"{' slices' + str(list(w.slices)) if w.slices else ''}}}"
                       for w in n.weights if w is not None)
         attrs = " ".join(f"{k}={v}" for k, v in sorted(n.attrs.items()))
@@ -194,10 +194,6 @@ def format_graph(graph: Graph) -> str:
             attrs += f" [{n.role.text()}]"
         lines.append(f"{outs} = {n.op}({ins}) {ws} {attrs}  # {n.name}".replace("  ", " "))
     return "\n".join(lines) + "\n"
-
-
-def _quant_text(quant: tuple) -> str:
-    return "quant(" + ",".join(f"{k}={v}" for k, v in quant) + ")"
 
 
 def constant_shape(arr: np.ndarray) -> tuple[int, ...]:

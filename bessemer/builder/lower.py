@@ -1,31 +1,28 @@
-"""Lowering: a verified Graph -> one rank's ExecutionPlan plus the tensors to pack.
+"""Lowering, the target-neutral part: what every target's lowering shares.
 
-Two steps, each a plain function:
-- select_storage: the dtype and layout each weight is stored in for the cpu kernels.
+- TensorSpec: a tensor of the rank file and where its bytes come from.
 - plan_memory: assigns every value a view of an activation buffer. `split` outputs become
   column views of their input (no copy), ops that declare in-place outputs reuse an input's
   view when that input dies there, and buffers whose values are dead are reused by later
   values of the same rows kind and width.
+- plan_calls: one KernelCall per node (split is a view, not a call), with the kernel a
+  target chooses for it.
+
+What is stored in which dtype and layout, and which kernel runs a node, is the target's
+choice (targets/<name>/lowering.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, WeightRef
-from bessemer.builder.plan import Buffer, ExecutionPlan, KernelCall, View
+from bessemer.builder.graph import Graph, GraphError, Node
+from bessemer.format.plan import Buffer, KernelCall, View
 from bessemer.plugins.ops import OPS
-from bessemer.quantization.kv_cache import PLAN_DTYPE
-from bessemer.quantization.packing import GROUP_PARAM_DTYPE, int4_codes_layout
-
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
-# Kernels that implement a graph op for a stored format other than the op's own.
-KERNEL_VERSIONS = {"linear_w8a16": 1, "linear_w4a16": 2, "linear_w8a8": 1, "linear_fp8": 1, "embedding_w8a16": 1}
-# Stored parts of a quantized weight besides its codes, in plan order.
-QUANT_PARTS = ("scales", "offsets", "wsum", "smooth", "input_scale")
 
 
 @dataclass(frozen=True)
@@ -38,101 +35,10 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str
-    quant: tuple = ()  # WeightRef.quant of the weight this tensor stores
-    role: str = "data"  # data | codes | scales | offsets | wsum | smooth | input_scale
+    quant: object = None  # the stored format (WeightRef.quant) of the weight this tensor is part of
+    role: str = "data"  # data, or the format's part: codes | scales | offsets | wsum | smooth | input_scale
     source: str = ""  # the (fp32) weight a quantized part is derived from
     slices: tuple = ()  # WeightRef.slices: this rank's range of each part (tensor parallelism)
-
-
-def quantized_specs(ref: WeightRef) -> list[TensorSpec]:
-    """Stored parts of a quantized linear weight (layouts: quantization/packing.py)."""
-    q = dict(ref.quant)
-    n, k = ref.shape
-    common = dict(parts=ref.parts, quant=ref.quant, source=ref.name, slices=ref.slices)
-    if q.get("act_bits") == 8:
-        specs = [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="vnni16", role="codes", **common),
-                 TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
-                            role="scales", **common),
-                 TensorSpec(f"{ref.name}.wsum", shape=(n,), dtype="int32", layout="row_major", role="wsum", **common)]
-        if q["smooth"]:
-            specs.append(TensorSpec(f"{ref.name}.smooth", shape=(k,), dtype="float32", layout="row_major",
-                                    role="smooth", **common))
-        return specs
-    if q.get("dtype") == "float8_e4m3":  # + the static activation scale of this input
-        return [TensorSpec(ref.name, shape=(n, k), dtype="float8_e4m3", layout="panel16", role="codes", **common),
-                TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
-                           role="scales", **common),
-                TensorSpec(f"{ref.name}.input_scale", shape=(1,), dtype="float32", layout="row_major",
-                           role="input_scale", **common)]
-    if q["bits"] == 8:
-        return [TensorSpec(ref.name, shape=(n, k), dtype="int8", layout="panel16", role="codes", **common),
-                TensorSpec(f"{ref.name}.scales", shape=(n,), dtype="float32", layout="row_major",
-                           role="scales", **common)]
-    groups = k // q["group_size"]
-    return [TensorSpec(ref.name, shape=(n, k), dtype="int4", layout=int4_codes_layout(k), role="codes", **common),
-            TensorSpec(f"{ref.name}.scales", shape=(n, groups), dtype=GROUP_PARAM_DTYPE, layout="panel16",
-                       role="scales", **common),
-            TensorSpec(f"{ref.name}.offsets", shape=(n, groups), dtype=GROUP_PARAM_DTYPE, layout="panel16",
-                       role="offsets", **common)]
-
-
-def linear_kernel(ref: WeightRef) -> tuple[str, list[str], dict]:
-    """(op, weight tensor names, extra attrs) of the kernel that reads `ref` as stored."""
-    if not ref.quant:
-        return "linear", [ref.name], {}
-    q = dict(ref.quant)
-    if q.get("act_bits") == 8:
-        names = [ref.name, f"{ref.name}.scales", f"{ref.name}.wsum"] + ([f"{ref.name}.smooth"] if q["smooth"] else [])
-        return "linear_w8a8", names, {"has_smooth": 1} if q["smooth"] else {}
-    if q.get("dtype") == "float8_e4m3":
-        return "linear_fp8", [ref.name, f"{ref.name}.scales", f"{ref.name}.input_scale"], {}
-    if q["bits"] == 8:
-        return "linear_w8a16", [ref.name, f"{ref.name}.scales"], {}
-    return "linear_w4a16", [ref.name, f"{ref.name}.scales", f"{ref.name}.offsets"], {"group_size": q["group_size"]}
-
-
-def embedding_kernel(ref: WeightRef) -> tuple[str, list[str]]:
-    """(op, weight tensor names) of the kernel that gathers rows of `ref` as stored; a
-    quantized table is the int8 one of a tied lm_head (passes/quantize.py)."""
-    if not ref.quant:
-        return "embedding", [ref.name]
-    if dict(ref.quant)["bits"] != 8:
-        raise GraphError(f"{ref.name}: the embedding reads int8 tables only, not {dict(ref.quant)['bits']}-bit")
-    return "embedding_w8a16", [ref.name, f"{ref.name}.scales"]
-
-
-def select_storage(graph: Graph, build: BuildConfig) -> dict[str, TensorSpec]:
-    """Linear weights: panel16 in the build dtype (what the GEMM/GEMV kernels read).
-    An embedding table shared with lm_head (tied) is stored once, panel16 (int8 panel16 when
-    lm_head is quantized); the embedding kernel gathers its rows with stride 16. Norms,
-    biases, constants: fp32 row-major."""
-    specs: dict[str, TensorSpec] = {}
-
-    def put(ref: WeightRef, dtype: str, layout: str) -> None:
-        if ref.name not in specs or layout == "panel16":
-            specs[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, layout, slices=ref.slices)
-
-    for n in graph.nodes:
-        for role, ref in zip(OPS[n.op].weight_roles, n.weights):
-            if ref is None:
-                continue
-            if n.op in ("linear", "embedding") and ref.quant:
-                for spec in quantized_specs(ref):
-                    specs[spec.name] = spec
-            elif n.op == "linear" and role == "weight":
-                put(ref, build.dtype, "panel16")
-            elif n.op == "embedding":
-                put(ref, build.dtype, "row_major")
-            else:
-                put(ref, "float32", "row_major")
-    # plan order; the parts of a quantized weight follow it
-    order = graph.weight_names()
-    ordered = {}
-    for name in order:
-        for key in (name,) + tuple(f"{name}.{part}" for part in QUANT_PARTS):
-            if key in specs:
-                ordered[key] = specs[key]
-    return ordered
 
 
 def _last_uses(graph: Graph) -> dict[str, int]:
@@ -202,37 +108,21 @@ def plan_memory(graph: Graph) -> tuple[dict[str, View], list[Buffer]]:
     return view, buffers
 
 
-def kv_cache_format(kv_dtype: str) -> dict:
-    """The plan's kv_cache element type (and, for one-byte codes, where their scales live)."""
-    if kv_dtype in PLAN_DTYPE:
-        return {"dtype": PLAN_DTYPE[kv_dtype], "scales": "dynamic_per_token_head_float32"}
-    return {"dtype": kv_dtype}
+# node -> (op, version, weight tensor names, attrs) of the kernel that runs it
+KernelChoice = Callable[[Node], tuple[str, int, list[str], dict]]
 
 
-def lower(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:
-    specs = select_storage(graph, build)
-    view, buffers = plan_memory(graph)
-    steps = []
+def plan_calls(graph: Graph, view: dict[str, View], choose: KernelChoice) -> list[KernelCall]:
+    calls = []
     for n in graph.nodes:
         if n.op == "split":
             continue
-        decl = OPS[n.op]
         ins, outs = tuple(view[v] for v in n.inputs), tuple(view[v] for v in n.outputs)
         if n.op in IN_PLACE_ONLY:
             if outs != ins:
                 raise GraphError(f"{n.name}: {n.op} works in place, but its inputs are still read later")
             outs = ()
-        op, weights, attrs = n.op, [w.name for w in n.weights if w is not None], dict(n.attrs)
-        if n.op == "linear":
-            op, names, extra = linear_kernel(n.weights[0])
-            weights = names + weights[1:]
-            attrs.update(extra)
-        elif n.op == "embedding":
-            op, weights = embedding_kernel(n.weights[0])
-        steps.append(KernelCall(
-            op=op, version=KERNEL_VERSIONS.get(op, decl.version), node=n.name, ins=ins, outs=outs,
-            weights=tuple(weights), attrs={k: float(v) for k, v in attrs.items()}))
-    vocab = graph.values[graph.output].width
-    kv = dict(model_kv, **kv_cache_format(build.resolved_kv_dtype))
-    plan = ExecutionPlan(tuple(buffers), tuple(steps), kv, view[graph.output], vocab)
-    return plan, list(specs.values())
+        op, version, weights, attrs = choose(n)
+        calls.append(KernelCall(op=op, version=version, node=n.name, ins=ins, outs=outs, weights=tuple(weights),
+                                attrs={k: float(v) for k, v in attrs.items()}))
+    return calls

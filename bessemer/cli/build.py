@@ -54,7 +54,7 @@ def _load_yaml(path: str) -> dict:
 @click.option("--lm-head", type=click.Choice(["int8", "none"]),
               help="lm_head (and a table tied to the embedding) in any quant mode: int8 per channel, or none "
                    "(build dtype). [default: int8]")
-@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text (AWQ, GPTQ, SmoothQuant, FP8).")
+@click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text file, or `wikitext2` (AWQ, GPTQ, SmoothQuant, FP8).")
 @click.option("--calib-samples", type=int, help="Calibration windows. [default: 64]")
 @click.option("--calib-seq-len", type=int, help="Tokens per calibration window. [default: 512]")
 @click.option("--smoothquant-alpha", type=float, help="w8a8-sq: migration strength alpha in [0, 1]. [default: 0.5]")

@@ -43,3 +43,34 @@ class Progress:
     def __call__(self, message: str) -> None:
         if not self.quiet:
             click.echo(f"[{time.perf_counter() - self.t0:6.1f}s] {message}", err=True)
+
+
+def speculative_options(fn):
+    """--speculative, --draft-engine, --num-speculative-tokens, --ngram-max (run-engine, serve)."""
+    options = [
+        click.option("--speculative", type=click.Choice(["ngram", "draft"]), default=None,
+                     help="Speculative decoding: prompt lookup (ngram) or a draft engine (draft)."),
+        click.option("--draft-engine", type=click.Path(path_type=str), default=None,
+                     help="Draft engine directory (same tokenizer); implies --speculative draft."),
+        click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
+                     help="Draft tokens verified per step."),
+        click.option("--ngram-max", type=int, default=4, show_default=True,
+                     help="Longest suffix prompt lookup searches for."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def speculative_config(speculative: str | None, draft_engine: str | None, num_tokens: int,
+                       ngram_max: int) -> dict | None:
+    """The flags as LLM(speculative=...) takes them (validated there)."""
+    if speculative is None and draft_engine is None:
+        return None
+    method = speculative or "draft"
+    config = {"method": method, "num_tokens": num_tokens}
+    if method == "ngram":
+        config["ngram_max"] = ngram_max
+    if draft_engine is not None:
+        config["draft_engine"] = draft_engine
+    return config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bessemer.cli.common import Progress, fail, user_errors
+from bessemer.cli.common import Progress, fail, speculative_config, speculative_options, user_errors
 
 
 def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]:
@@ -38,10 +38,16 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--stream", is_flag=True, help="Print text as it is generated (one prompt at a time).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt on stdout.")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
+@click.option("--json-schema", default=None,
+              help="Constrain the output to this JSON schema (a file, or the schema itself).")
+@click.option("--regex", default=None, help="Constrain the output to this regular expression.")
+@click.option("--grammar", default=None, help="Constrain the output to this grammar file (Lark or GBNF).")
+@speculative_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,
-         ignore_eos, stream, as_json, threads, quiet):
+         ignore_eos, stream, as_json, threads, json_schema, regex, grammar, speculative, draft_engine,
+         num_speculative_tokens, ngram_max, quiet):
     """Generate text with a Bessemer engine."""
     from bessemer.runtime.llm import LLM, SamplingParams
 
@@ -50,9 +56,11 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
         fail(f"--threads must be a positive integer, got {threads}")
     progress = Progress(quiet)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, ignore_eos=ignore_eos)
+                            top_p=top_p, seed=seed, ignore_eos=ignore_eos, json_schema=_read_schema(json_schema),
+                            regex=regex, grammar=_read_text(grammar, "--grammar"))
     progress(f"loading engine {engine_dir}")
-    llm = LLM(engine_dir, num_threads=threads)
+    llm = LLM(engine_dir, num_threads=threads,
+              speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))
     progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
     if chat:
         token_ids = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
@@ -80,6 +88,32 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
             click.echo(f"{text}{out.text}" if not chat else out.text)
             if len(outputs) > 1:
                 click.echo("-" * 40)
+    stats = llm.llm_engine.stats()
+    if stats.num_draft_tokens:
+        progress(f"speculative decoding: {stats.num_accepted_tokens}/{stats.num_draft_tokens} draft tokens accepted "
+                 f"({stats.num_accepted_tokens / stats.num_draft_tokens:.0%})")
+
+
+def _read_text(value: str | None, flag: str) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        fail(f"{flag} file {path} does not exist; pass a file holding the grammar")
+    return path.read_text()
+
+
+def _read_schema(value: str | None) -> dict | None:
+    if value is None:
+        return None
+    text = Path(value).read_text() if Path(value).is_file() else value
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        fail(f"--json-schema is neither a file nor valid JSON ({e}); pass a schema file or a JSON string")
+    if not isinstance(schema, dict):
+        fail("--json-schema must be a JSON object (a JSON schema)")
+    return schema
 
 
 if __name__ == "__main__":

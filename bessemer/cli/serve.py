@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bessemer.cli.common import fail, user_errors
+from bessemer.cli.common import fail, speculative_config, speculative_options, user_errors
 
 
 @click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,9 +22,10 @@ from bessemer.cli.common import fail, user_errors
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
+@speculative_options
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level):
+         model_name, threads, log_level, speculative, draft_engine, num_speculative_tokens, ngram_max):
     """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
@@ -42,4 +43,5 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
 
     run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
-        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache)
+        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache,
+        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))

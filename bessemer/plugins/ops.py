@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from bessemer.builder.plan import ROWS_SELECTED, ROWS_TOKENS
+from bessemer.format.plan import ROWS_SELECTED, ROWS_TOKENS
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """QuantConfig: what quantization an engine was built with. Frozen, versioned, in config.json.
 
 The scheme (bits, grouping, zero point, algorithm that picks the scales) is kept apart
-from the storage layout (packing.py) and from the kernel that reads it (chosen at lowering).
+from the storage layout (format/layouts.py) and from the kernel that reads it (chosen at lowering).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MODES = {
     "fp8": (8, "max"),
 }
 CALIBRATED = ("awq", "gptq", "smoothquant", "max")
-# weight storage dtype of each mode's codes (engine_format.DTYPE_IDS names)
+# weight storage dtype of each mode's codes (format/dtypes.py names)
 WEIGHT_DTYPES = {"fp8": "float8_e4m3"}
 PLANNED_MODES: tuple[str, ...] = ()
 # Where activation statistics come from: our torch hooks, or nvidia-modelopt's INT8

@@ -14,7 +14,8 @@ A row of zeros gets scale 0 and codes 0.
 
 The arithmetic is the kernel's, step by step in float32 (amax, the reciprocal multiplier,
 the product, the rounding), so the codes of attention@1's cache write equal these.
-Shapes: x: (..., head_dim); codes the same shape; scales x.shape[:-1].
+Shapes: x: (..., head_dim); codes the same shape; scales x.shape[:-1]. The cache's layout
+and size per token are the contract's: format/kv.py.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from bessemer.quantization.fp8 import E4M3_MAX as _E4M3_MAX, decode_e4m3, encode
 KV_QUANT_DTYPES = ("int8", "fp8")
 INT8_MAX = np.float32(127.0)
 E4M3_MAX = np.float32(_E4M3_MAX)  # float32, as the kernel computes the scale
-# Plan / engine names of the cache element types (engine_format dtype names).
-PLAN_DTYPE = {"int8": "int8", "fp8": "float8_e4m3"}
 
 
 def _amax(x: np.ndarray) -> np.ndarray:
@@ -69,10 +68,3 @@ def fake_quantize_kv(x: np.ndarray, kv_dtype: str) -> np.ndarray:
         return dequantize_fp8(*quantize_fp8(x))
     raise ValueError(f"kv_dtype {kv_dtype!r} is not a quantized KV dtype ({', '.join(KV_QUANT_DTYPES)})")
 
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
-    """Cache bytes one token takes (K and V of every layer), scales included. dtype is a
-    plan kv_cache dtype: float32, bfloat16, int8 or float8_e4m3."""
-    per_head = {"float32": 4 * head_dim, "bfloat16": 2 * head_dim,
-                "int8": head_dim + 4, "float8_e4m3": head_dim + 4}[dtype]
-    return 2 * num_layers * num_kv_heads * per_head

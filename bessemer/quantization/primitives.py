@@ -1,7 +1,7 @@
 """Pure quantization primitives: choose scales, quantize, dequantize, measure the error.
 
 These functions are the reference the quantized kernels are tested against; they know
-nothing of kernels or storage layouts (see packing.py for those). Shapes: a weight is
+nothing of kernels or storage layouts (format/layouts.py defines those). Shapes: a weight is
 w: (N, K) = (out_features, in_features); groups run along K.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bessemer.builder.engine_format import bfloat16_bits_to_float32, to_bfloat16_bits
+from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 
 INT8_MAX = 127
 INT4_LEVELS = 16  # unsigned codes 0..15
@@ -133,3 +133,4 @@ def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
     if noise == 0:
         return float("inf")
     return float(10.0 * np.log10((ref ** 2).sum() / noise))
+

@@ -5,8 +5,9 @@
         print(delta.index, delta.text, delta.finish_reason)
     engine.shutdown()
 
-`LLM` is not thread-safe, so exactly one thread (the engine thread) touches it after
-construction: it steps while there is work and sleeps on an Event otherwise. Consumers
+The engine core (`LLMEngine`, under `self.llm.llm_engine`) is not thread-safe, so exactly
+one thread (the engine thread) touches it after construction: it steps while there is
+work and sleeps on an Event otherwise. Consumers
 talk to it through a command deque (add / abort / close), drained between steps, so an
 add never waits for a step to finish and a step never races an abort. Results go back
 to each consumer's event loop with one `call_soon_threadsafe` per loop per step.
@@ -29,8 +30,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from bessemer.errors import InvalidOptionError
-from bessemer.runtime.llm import LLM, SamplingParams
+from bessemer.runtime.llm import LLM
+from bessemer.runtime.llm_engine import EngineStats  # noqa: F401 - served by the metrics module
+from bessemer.runtime.outputs import SequenceUpdate
+from bessemer.runtime.sampling_params import SamplingParams
 
 
 class EngineClosedError(RuntimeError):
@@ -53,20 +56,6 @@ class Delta:
     arrival_time: float
     first_token_time: float | None
     time: float
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot published by the engine thread after every step (read without locks)."""
-
-    num_running: int = 0  # sequences, so a request with n=4 counts 4
-    num_waiting: int = 0
-    num_blocks: int = 0
-    num_free_blocks: int = 0
-    num_hit_tokens: int = 0  # prefix cache: prompt tokens served from cached blocks
-    num_queried_tokens: int = 0  # prefix cache: prompt tokens looked up
-    num_preemptions: int = 0
-    num_steps: int = 0
 
 
 class RequestStream:
@@ -127,37 +116,20 @@ class RequestStream:
 class AsyncLLM:
     def __init__(self, engine_dir, max_num_seqs: int | None = None, max_num_tokens: int | None = None,
                  **llm_kwargs):
-        # LLM.__init__ already loaded the tokenizer (to find EOS ids), so its lazy property
-        # is never raced by two threads
+        # `llm` is the synchronous facade over the same engine core, for callers that read
+        # its limits and tokenizer; the engine core loaded the tokenizer already (to find
+        # EOS ids), so its lazy property is never raced by two threads
         self.llm = LLM(engine_dir, **llm_kwargs)
-        self._limit(max_num_seqs, max_num_tokens)
+        self._core = self.llm.llm_engine
+        self._core.set_limits(max_num_seqs, max_num_tokens)
         self._commands: deque = deque()  # append/popleft are atomic; no lock needed
         self._wake = threading.Event()
         self._closed = False
         self._stop = False
         self._owners: dict[int, tuple[RequestStream, int]] = {}  # seq_id -> (stream, index); engine thread only
-        self._stats = EngineStats()
-        self._publish_stats(0)
+        self._stats = self._core.stats()
         self._thread = threading.Thread(target=self._run, name="bessemer-engine", daemon=True)
         self._thread.start()
-
-    def _limit(self, max_num_seqs: int | None, max_num_tokens: int | None) -> None:
-        """Lowers the scheduler's per-step limits; the executor was built for the engine's
-        limits, so raising them is impossible without a rebuild."""
-        scheduler = self.llm.scheduler
-        for name, value, built in (("--max-num-seqs", max_num_seqs, self.llm.max_batch_size),
-                                   ("--max-num-tokens", max_num_tokens, self.llm.max_num_tokens)):
-            if value is None:
-                continue
-            if not isinstance(value, int) or value < 1:
-                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-            if value > built:
-                raise InvalidOptionError(f"{name} {value} exceeds the engine's built limit {built}; "
-                                         f"pass at most {built} or rebuild the engine with a larger limit")
-        if max_num_seqs is not None:
-            scheduler.max_batch_size = max_num_seqs
-        if max_num_tokens is not None:
-            scheduler.max_num_tokens = max_num_tokens
 
     # ---- consumer side (any event loop) ----
     async def add_request(self, token_ids: list[int], params: SamplingParams) -> RequestStream:
@@ -210,23 +182,23 @@ class AsyncLLM:
 
     # ---- engine thread ----
     def _run(self) -> None:
-        llm = self.llm
+        core = self._core
         while True:
             self._run_commands()
             if self._stop:
                 self._abort_all()
                 return
-            if not llm.has_unfinished():
+            if not core.has_unfinished():
                 self._wake.wait()
                 self._wake.clear()  # commands sent after this line set it again
                 continue
             try:
-                events = llm.step()
+                updates = core.step()
             except Exception as e:  # noqa: BLE001 - a failed step must fail its requests, not the server
                 self._abort_all(error=e)
                 continue
-            self._dispatch(events)
-            self._publish_stats(self._stats.num_steps + 1)
+            self._dispatch(updates)
+            self._stats = core.stats()
 
     def _run_commands(self) -> None:
         if not self._commands:
@@ -238,31 +210,31 @@ class AsyncLLM:
                 self._add(stream, *command[2:])
             elif kind == "abort":
                 for seq in stream._seqs:
-                    self.llm.abort(seq)
+                    self._core.abort(seq)
                     self._owners.pop(seq.seq_id, None)
             elif kind == "close":
                 self._abort_all()
-        self._publish_stats(self._stats.num_steps)
+        self._stats = self._core.stats()
 
     def _add(self, stream: RequestStream, token_ids: list[int], params: SamplingParams) -> None:
         error = None
         try:
-            stream._seqs = self.llm.add_request(token_ids, params, stream=True)
+            stream._seqs = self._core.add_request(token_ids, params, stream=True)
             for i, seq in enumerate(stream._seqs):
                 self._owners[seq.seq_id] = (stream, i)
         except Exception as e:  # noqa: BLE001 - BessemerError mostly; raised in the submitter, the loop goes on
             error = e
         self._call(stream.loop, stream._accept, error)
 
-    def _dispatch(self, events) -> None:
+    def _dispatch(self, updates: list[SequenceUpdate]) -> None:
         by_loop: dict = defaultdict(list)
-        for seq, text in events:
+        for u in updates:
+            seq = u.seq
             owner = self._owners.get(seq.seq_id)
             if owner is None:
                 continue
             stream, index = owner
-            logprobs = [seq.logprobs[-1]] if seq.params.logprobs is not None and seq.logprobs else None
-            delta = Delta(index, text, [seq.token_ids[-1]], seq.finish_reason, logprobs, seq.num_prompt_tokens,
+            delta = Delta(index, u.text, u.token_ids, seq.finish_reason, u.logprobs, seq.num_prompt_tokens,
                           len(seq.token_ids) - seq.num_prompt_tokens, stream.arrival_time, seq.first_token_time,
                           seq.last_token_time)
             if seq.finish_reason is not None:
@@ -279,7 +251,7 @@ class AsyncLLM:
         now = time.perf_counter()
         for seq_id, (stream, index) in list(self._owners.items()):
             seq = next(s for s in stream._seqs if s.seq_id == seq_id)
-            self.llm.abort(seq)
+            self._core.abort(seq)
             item = error if error is not None else Delta(
                 index, "", [], "abort", None, seq.num_prompt_tokens, len(seq.token_ids) - seq.num_prompt_tokens,
                 stream.arrival_time, seq.first_token_time, now)
@@ -287,7 +259,7 @@ class AsyncLLM:
         self._owners.clear()
         for loop, items in by_loop.items():
             self._call(loop, _deliver, items)
-        self._publish_stats(self._stats.num_steps)
+        self._stats = self._core.stats()
 
     @staticmethod
     def _call(loop: asyncio.AbstractEventLoop, fn, arg) -> bool:
@@ -296,12 +268,6 @@ class AsyncLLM:
             return True
         except RuntimeError:  # the consumer's loop is closed
             return False
-
-    def _publish_stats(self, num_steps: int) -> None:
-        llm = self.llm
-        self._stats = EngineStats(len(llm.scheduler.running), len(llm.scheduler.waiting), llm.blocks.num_blocks,
-                                  llm.blocks.num_free, llm.blocks.num_hit_tokens, llm.blocks.num_queried_tokens,
-                                  llm.scheduler.num_preemptions, num_steps)
 
 
 def _deliver(items: list[tuple[RequestStream, object]]) -> None:

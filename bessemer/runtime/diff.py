@@ -12,12 +12,15 @@ new family, a wrong checkpoint or a kernel goes wrong.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from bessemer.errors import BessemerError
+from bessemer.format.container import rewrite_header
+from bessemer.format.step import StepBatch
 
 # ops whose HF module output is the node's value (other ops are matched through consumers)
 OWN_OUTPUT_OPS = ("embedding", "linear", "rms_norm", "add_rms_norm", "rms_norm_heads")
@@ -128,11 +131,15 @@ def run_prefix(engine, step: int, ids: list[int]) -> np.ndarray:
                      buffers=plan["buffers"] + [{"id": out, "width": vocab, "rows": rows}])
     bs = int(engine.build["kv_block_size"])
     blocks = -(-len(ids) // bs)
-    executor = replace(engine, header=dict(engine.header, plan=truncated)).create_executor(1, blocks + 1)
     t = len(ids)
-    doubled = executor.step(np.asarray(ids, np.int32), np.arange(t, dtype=np.int32), np.array([0, t], np.int32),
-                            np.array([t], np.int32), np.arange(blocks, dtype=np.int32)[None, :],
-                            np.arange(t, dtype=np.int32))
+    # the executor reads its plan from the rank file: a copy with the cut plan in its header
+    with tempfile.TemporaryDirectory(prefix="bessemer-diff-") as tmp:
+        cut = rewrite_header(engine.rank_path, Path(tmp) / engine.rank_path.name,
+                             lambda h: h.update(plan=truncated))
+        executor = replace(engine, header=dict(engine.header, plan=truncated), rank_path=cut).create_executor(
+            1, blocks + 1)
+        doubled = executor.step(StepBatch.of(ids, np.arange(t), [0, t], [t], np.arange(blocks)[None, :],
+                                             np.arange(t)))
     return doubled[:, :width] / np.float32(2)
 
 

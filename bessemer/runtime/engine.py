@@ -1,8 +1,10 @@
-"""Engine.load: open an engine directory, check it is one this runtime can run, mmap it.
+"""Engine.load: open an engine directory, check it is one this runtime can run.
 
-Refuses, with a message naming both sides, an engine of another format major, another
-target, an ISA this CPU lacks, or kernels this runtime does not have; a rank file whose
-size or sha256 differs from config.json is reported as corrupt.
+Refuses, with a message naming both sides, an engine of another format major, a target
+this runtime does not have, or one this machine cannot run (the target says why: the cpu
+target names the ISA features it lacks); a rank file whose size or sha256 differs from
+config.json is reported as corrupt. The target's executor maps the rank file and checks
+every kernel, tensor and bound itself (targets/<name>/).
 """
 
 from __future__ import annotations
@@ -11,31 +13,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bessemer.builder.engine_format import sha256_file
 from bessemer.errors import EngineLoadError
-from bessemer.quantization.kv_cache import kv_bytes_per_token
+from bessemer.format.container import FORMAT_MAJOR, read_rank_header, sha256_file
+from bessemer.targets import Target, get_target, target_names
 
-SUPPORTED_FORMAT_MAJOR = 1
-SUPPORTED_TARGETS = ("cpu",)
-ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl")}
-
-
-def _native():
-    try:
-        from bessemer import _C
-    except ImportError as e:
-        raise EngineLoadError(f"the Bessemer C++ runtime is not built ({e}); run `make install`") from None
-    return _C
+SUPPORTED_FORMAT_MAJOR = FORMAT_MAJOR
 
 
 @dataclass
 class Engine:
-    """A loaded engine: its config.json and rank 0's mmap'd file and header."""
+    """A loaded engine: its config.json, one rank's file and that file's header."""
 
     dir: Path
     config: dict
     header: dict
-    file: object  # _C.EngineFile
+    rank_path: Path
+    target: Target
 
     @property
     def model(self) -> dict:
@@ -63,22 +56,18 @@ class Engine:
                 f"engine format {fmt.get('major')}.{fmt.get('minor')} (built by bessemer "
                 f"{config.get('bessemer_version')}) is not supported by this runtime (format "
                 f"{SUPPORTED_FORMAT_MAJOR}.x); rebuild the engine with this version's build-engine")
-        if config.get("target") not in SUPPORTED_TARGETS:
+        if config.get("target") not in target_names():
             raise EngineLoadError(
                 f"engine target {config.get('target')!r} cannot run on this runtime (targets: "
-                f"{', '.join(SUPPORTED_TARGETS)}); rebuild with --target cpu")
+                f"{', '.join(target_names())}); rebuild with --target cpu")
         return config
 
     @classmethod
     def load(cls, engine_dir: str | Path, rank: int = 0, verify_checksum: bool = True) -> "Engine":
         d = Path(engine_dir)
         config = cls.read_config(d)
-        _C = _native()
-        features = _C.cpu_features()
-        missing = [f for f in ISA_FEATURES.get(config.get("isa_baseline", "avx2"), ()) if not features.get(f)]
-        if missing:
-            raise EngineLoadError(f"engine needs CPU features {config['isa_baseline']} ({', '.join(missing)} missing "
-                                  "on this CPU); run it on an x86-64 CPU with AVX2 and FMA")
+        target = get_target(config["target"])
+        target.check_runnable(config)
         ranks = config.get("ranks") or []
         if rank >= len(ranks):
             raise EngineLoadError(f"engine has {len(ranks)} rank files, rank {rank} requested")
@@ -92,27 +81,19 @@ class Engine:
         if verify_checksum and sha256_file(path) != entry["sha256"]:
             raise EngineLoadError(f"rank file {path} is corrupt (sha256 differs from config.json); rebuild the engine")
         try:
-            file = _C.EngineFile(str(path))
-        except ValueError as e:
+            major, minor, header, _ = read_rank_header(path)
+        except (ValueError, UnicodeDecodeError) as e:
             raise EngineLoadError(f"{e}; rebuild the engine") from None
-        if file.format_major != SUPPORTED_FORMAT_MAJOR:
-            raise EngineLoadError(f"rank file {path} has format {file.format_major}.{file.format_minor}, this "
+        if major != SUPPORTED_FORMAT_MAJOR:
+            raise EngineLoadError(f"rank file {path} has format {major}.{minor}, this "
                                   f"runtime reads {SUPPORTED_FORMAT_MAJOR}.x; rebuild the engine")
-        try:
-            header = json.loads(bytes(file.header))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineLoadError(f"rank file {path} has a corrupt header; rebuild the engine") from None
-        return cls(d, config, header, file)
+        if not isinstance(header, dict) or "plan" not in header:
+            raise EngineLoadError(f"rank file {path} has a corrupt header; rebuild the engine")
+        return cls(d, config, header, path, target)
 
     def create_executor(self, num_threads: int, num_kv_blocks: int, isa: str = "auto"):
-        _C = _native()
-        try:
-            return _C.Executor(self.file, self.header["tensors"], self.header["plan"], num_threads,
-                               int(self.build["kv_block_size"]), num_kv_blocks, isa)
-        except ValueError as e:
-            raise EngineLoadError(f"{e}") from None
+        return self.target.create_executor(self, num_threads, num_kv_blocks, isa)
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token over all layers (K and V), per-(token, head) scales included."""
-        kv = self.header["plan"]["kv_cache"]
-        return kv_bytes_per_token(kv["num_layers"], kv["num_kv_heads"], kv["head_dim"], kv["dtype"])
+        return self.target.kv_bytes_per_token(self.header)

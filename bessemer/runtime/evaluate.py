@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from bessemer.datasets import BUILTIN_TEXTS, text_path
 from bessemer.errors import BessemerError
 
 
@@ -28,9 +29,11 @@ class Perplexity:
 
 
 def read_dataset(path: str | Path) -> str:
-    p = Path(path)
+    """The text of a --dataset value: a built-in name (bessemer/datasets) or a file."""
+    p = text_path(path)
     if not p.is_file():
-        raise BessemerError(f"dataset {p} does not exist; pass a plain-text file with --dataset")
+        raise BessemerError(f"dataset {p} does not exist; pass a plain-text file or a built-in name "
+                            f"({', '.join(BUILTIN_TEXTS)}) with --dataset")
     text = p.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise BessemerError(f"dataset {p} is empty; pass a plain-text file with --dataset")

@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from bessemer.builder.engine_format import read_rank_header
+from bessemer.format.container import read_rank_header
 from bessemer.runtime.engine import Engine
+
+# config.json keys every engine has; any other top-level key is a field of its target
+# (targets/<name>: Target.header_fields, e.g. the cpu target's isa_baseline)
+COMMON_KEYS = ("bessemer_format", "bessemer_version", "target", "model", "build", "quant", "mapping",
+               "plugins", "passes", "ranks", "tokenizer_files")
 
 
 def describe(engine_dir: str | Path) -> dict:
@@ -33,7 +38,8 @@ def describe(engine_dir: str | Path) -> dict:
 
         quant_error = json.loads(report.read_text()).get("quant_error") or {}
     return {"quant_error": quant_error,"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
-            "target": config["target"], "isa_baseline": config.get("isa_baseline"),
+            "target": config["target"],
+            "target_fields": {k: v for k, v in sorted(config.items()) if k not in COMMON_KEYS},
             "model": config["model"], "build": config["build"], "quant": config["quant"],
             "mapping": config["mapping"], "plugins": config["plugins"], "passes": config.get("passes", []),
             "ranks": ranks, "build_report": str(report) if report.exists() else None}
@@ -44,7 +50,7 @@ def format_description(info: dict) -> str:
     lines = [
         f"engine        {info['engine']}",
         f"format        {info['format']['major']}.{info['format']['minor']} (bessemer {info['bessemer_version']})",
-        f"target        {info['target']} (ISA baseline {info['isa_baseline']})",
+        f"target        {info['target']}" + "".join(f", {k} {v}" for k, v in info["target_fields"].items()),
         f"model         {m['architecture']}: {m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
         f"heads {m['num_attention_heads']}/{m['num_key_value_heads']} x {m['head_dim']}, vocab {m['vocab_size']}, "
         f"rope {m['rope_parameters'].get('rope_type')}, tied embeddings {m['tie_word_embeddings']}",

@@ -16,8 +16,20 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
+DEFAULT_KV_CACHE_GIB = 1.0
+
+
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
+
+
+def pool_size(bytes_per_token: int, block_size: int, max_seq_len: int, max_batch_size: int,
+              kv_cache_gib: float | None) -> int:
+    """Blocks of the KV pool: enough for a full batch of full-length sequences, capped by
+    the memory budget, but never fewer than one full-length sequence needs."""
+    budget = int((kv_cache_gib if kv_cache_gib is not None else DEFAULT_KV_CACHE_GIB) * 2**30)
+    one_seq = blocks_needed(max_seq_len, block_size)
+    return max(one_seq, min(one_seq * max_batch_size, budget // (bytes_per_token * block_size)))
 
 
 class BlockManager:
@@ -50,6 +62,16 @@ class BlockManager:
             raise RuntimeError("KV cache out of blocks (check can_allocate first)")
         for _ in range(max(need, 0)):
             block_table.append(self._take_block())
+
+    def trim(self, block_table: list[int], num_tokens: int) -> None:
+        """Shrinks `block_table` in place to the blocks `num_tokens` tokens need (the KV of
+        rejected draft tokens is dropped). The dropped tail blocks were never shared or
+        cached: only full blocks of verified tokens are."""
+        keep = blocks_needed(num_tokens, self.block_size)
+        if keep < len(block_table):
+            tail = block_table[keep:]
+            del block_table[keep:]
+            self.free(tail)
 
     def _take_block(self) -> int:
         if self.free_blocks:

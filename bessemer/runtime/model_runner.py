@@ -1,15 +1,16 @@
-"""Turns a scheduled batch into the executor's flat step inputs and runs one step."""
+"""Turns a scheduled batch into the step's StepBatch (format/step.py) and runs one step."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from bessemer.format.step import StepBatch
 from bessemer.runtime.scheduler import ScheduledChunk
 
 
-def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
-    """Runs one step; returns logits [L, vocab] for the last row of every chunk that
-    completes its sequence (or for every row when `all_logits`)."""
+def make_step_batch(batch: list[ScheduledChunk], all_logits: bool = False) -> StepBatch:
+    """The StepBatch of one step: the chunks' rows in order; logits for the last row of every
+    chunk that completes its sequence (or for every row when `all_logits`)."""
     # token_ids, positions: (T,); cu_seqlens: (S+1,); block_tables: (S, max_blocks)
     lengths = [c.num_tokens for c in batch]
     cu = np.zeros(len(batch) + 1, dtype=np.int32)
@@ -30,5 +31,10 @@ def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) ->
             selected.extend(range(cu[s], cu[s + 1]))
         elif c.completes:
             selected.append(cu[s + 1] - 1)
-    indices = np.asarray(selected, dtype=np.int32)
-    return executor.step(tokens, positions, cu, context, tables, indices)
+    return StepBatch(tokens, positions, cu, context, tables, np.asarray(selected, dtype=np.int32))
+
+
+def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
+    """Runs one step; returns logits [L, vocab] for the last row of every chunk that
+    completes its sequence (or for every row when `all_logits`)."""
+    return executor.step(make_step_batch(batch, all_logits))

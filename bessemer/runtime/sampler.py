@@ -33,11 +33,32 @@ def apply_penalties(logits: np.ndarray, prompt_ids: list[int], output_ids: list[
     return out
 
 
+def process_logits(logits: np.ndarray, params, prompt_ids: list[int], output_ids: list[int],
+                   banned: list[int]) -> np.ndarray:
+    """One sequence's logits as sampling sees them: penalties, then `banned` tokens (stop
+    tokens before min_tokens) at -inf. logits: (vocab,) raw; `params` a SamplingParams.
+    Returns the input itself when nothing applies."""
+    x = apply_penalties(logits, prompt_ids, output_ids, params.repetition_penalty, params.presence_penalty,
+                        params.frequency_penalty)
+    if banned:
+        x = x.copy() if x is logits else x
+        x[banned] = -np.inf
+    return x
+
+
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
            rng: np.random.Generator, min_p: float = 0.0) -> int:
     """logits: (vocab,) float32 -> token id."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
+    candidates, probs = distribution(logits, temperature, top_k, top_p, min_p)
+    return int(candidates[rng.choice(len(candidates), p=probs)])
+
+
+def distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
+                 min_p: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution `sample` draws from (temperature > 0): candidate ids, most likely
+    first, and their probabilities (float64, summing to 1); every other token has 0."""
     vocab = logits.shape[0]
     if 0 < top_k < vocab:
         candidates = np.argpartition(-logits, top_k - 1)[:top_k]
@@ -54,8 +75,7 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), top_p) + 1))
     if min_p > 0.0:
         keep = min(keep, max(1, int((probs >= min_p * probs[0]).sum())))
-    candidates, probs = candidates[:keep], probs[:keep] / probs[:keep].sum()
-    return int(candidates[rng.choice(len(candidates), p=probs)])
+    return candidates[:keep], probs[:keep] / probs[:keep].sum()
 
 
 def top_logprobs(logits: np.ndarray, chosen: int, k: int) -> dict[int, float]:

@@ -5,43 +5,19 @@ in chunks) and sequences per step (`max_batch_size`). Running sequences go first
 decode token or next prefill chunk), then waiting ones are admitted while blocks last.
 When the KV pool runs dry, the newest running sequence is preempted: its blocks are
 freed and it is recomputed later from its tokens, so outputs are unchanged.
+
+Scoring is a policy of the same loop, not a second scheduler: a scored sequence limits
+its chunks (ScoreState.chunk_limit), wants the logits of every row, and neither reads nor
+fills the prefix cache.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from bessemer.runtime.kv_cache import BlockManager
-
-
-@dataclass
-class Sequence:
-    seq_id: int
-    token_ids: list[int]  # prompt followed by generated tokens
-    num_prompt_tokens: int
-    params: object  # SamplingParams
-    rng: np.random.Generator
-    num_computed: int = 0  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)
-    block_keys: list[int] = field(default_factory=list)  # prefix-cache chain of its full blocks
-    logprobs: list[dict] = field(default_factory=list)
-    finish_reason: str | None = None
-    detok: object = None  # IncrementalDetokenizer when text is needed while generating
-    text: str | None = None
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
-    def num_pending(self) -> int:
-        return len(self.token_ids) - self.num_computed
+from bessemer.runtime.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -53,6 +29,14 @@ class ScheduledChunk:
     def completes(self) -> bool:
         """The chunk reaches the sequence's last token: its logits are needed."""
         return self.seq.num_computed + self.num_tokens == len(self.seq.token_ids)
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of this chunk whose logits the step must return (its last ones): a
+        decode row and one per draft token it verifies."""
+        if self.seq.score is not None:
+            return self.num_tokens
+        return 1 + self.seq.num_draft_tokens if self.completes else 0
 
 
 class Scheduler:
@@ -84,7 +68,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq not in self.running:  # preempted for an older sequence in this loop
                 continue
-            n = min(seq.num_pending, budget)
+            n = self._chunk_size(seq, budget)
             if n == 0:
                 break
             while not self.blocks.can_allocate(seq.block_table, seq.num_computed + n):
@@ -100,9 +84,9 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
-            if seq.num_computed == 0:
+            if seq.num_computed == 0 and seq.uses_prefix_cache:
                 self._reuse_cached_prefix(seq)
-            n = min(seq.num_pending, budget)
+            n = self._chunk_size(seq, budget)
             if not self.blocks.can_allocate(seq.block_table, seq.num_computed + n):
                 self.blocks.free(seq.block_table)  # give the shared prefix back while waiting
                 seq.num_computed = 0
@@ -115,6 +99,12 @@ class Scheduler:
             budget -= n
         return batch
 
+    @staticmethod
+    def _chunk_size(seq: Sequence, budget: int) -> int:
+        if seq.score is not None:
+            return min(seq.score.chunk_limit(seq.num_computed, len(seq.token_ids)), budget)
+        return min(seq.num_pending, budget)
+
     def _reuse_cached_prefix(self, seq: Sequence) -> None:
         """Starts `seq` after the cached blocks its tokens begin with. At least one token
         is always computed, since its logits are needed."""
@@ -123,11 +113,32 @@ class Scheduler:
         seq.block_table, seq.block_keys = self.blocks.match_prefix(seq.token_ids, limit)
         seq.num_computed = len(seq.block_table) * bs
 
-    def computed(self, chunk: ScheduledChunk) -> None:
-        """Called after a step: the chunk's tokens now have K/V in the cache."""
+    def add_drafts(self, chunk: ScheduledChunk, drafts: list[int], dists: list | None,
+                   budget: int) -> ScheduledChunk:
+        """Extends a decode chunk by draft tokens to verify in the same step, as many as
+        `budget` (tokens left in the step) and the free blocks allow."""
         seq = chunk.seq
-        seq.num_computed += chunk.num_tokens
-        self.blocks.register(seq.token_ids, seq.block_table, seq.num_computed, seq.block_keys)
+        drafts = drafts[:budget]
+        while drafts and not self.blocks.can_allocate(seq.block_table, seq.num_computed + 1 + len(drafts)):
+            drafts = drafts[:-1]
+        if not drafts:
+            return chunk
+        self.blocks.allocate(seq.block_table, seq.num_computed + 1 + len(drafts))
+        seq.token_ids += drafts
+        seq.num_draft_tokens = len(drafts)
+        seq.draft_dists = dists[:len(drafts)] if dists is not None else None
+        return ScheduledChunk(seq, 1 + len(drafts))
+
+    def computed(self, chunk: ScheduledChunk, num_rejected: int = 0) -> None:
+        """Called after a step: the chunk's tokens, less the `num_rejected` draft tokens at
+        its end, now have K/V in the cache; the blocks of rejected ones are returned."""
+        seq = chunk.seq
+        # a stop string or token may have cut the accepted tokens short: never past them
+        seq.num_computed = min(seq.num_computed + chunk.num_tokens - num_rejected, len(seq.token_ids))
+        if num_rejected:
+            self.blocks.trim(seq.block_table, len(seq.token_ids))
+        if seq.uses_prefix_cache:
+            self.blocks.register(seq.token_ids, seq.block_table, seq.num_computed, seq.block_keys)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

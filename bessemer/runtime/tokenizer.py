@@ -59,9 +59,27 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """The chat template renders a `tools` list (tool definitions for the model)."""
+        if not self.chat_template:
+            return False
+        from jinja2 import meta
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        try:
+            parsed = ImmutableSandboxedEnvironment().parse(self.chat_template)
+        except Exception:  # noqa: BLE001 - a template that does not parse renders nothing
+            return False
+        return "tools" in meta.find_undeclared_variables(parsed)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if not self.chat_template:
             raise RequestError("this engine's tokenizer has no chat template; use plain prompts (without --chat)")
+        if tools and not self.supports_tools:
+            raise RequestError("this engine's chat template does not support tools; send the request without "
+                               "`tools`, or use a model whose chat template renders them")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -77,12 +95,13 @@ class Tokenizer:
             template = env.from_string(self.chat_template)
         except jinja2.TemplateError as e:
             raise RequestError(f"the engine's chat template does not parse ({e})") from None
+        extra = {"tools": tools} if tools else {}
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         # the template already holds the special tokens it wants (as transformers encodes it)
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
 
 
 class IncrementalDetokenizer:

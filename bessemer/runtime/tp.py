@@ -28,7 +28,8 @@ import weakref
 import numpy as np
 
 from bessemer.errors import TensorParallelError
-from bessemer.runtime.tp_group import MpiGroup, decode_step, encode_step, launched_by_mpi, max_step_words, STOP
+from bessemer.format.step import StepBatch, is_stop, stop_words
+from bessemer.runtime.tp_group import MpiGroup, launched_by_mpi
 
 STARTUP_TIMEOUT_S = 300.0
 WATCH_INTERVAL_S = 0.05
@@ -40,7 +41,7 @@ def slot_bytes(engine, max_blocks: int) -> int:
     build, plan = engine.build, engine.header["plan"]
     t = int(build["max_num_tokens"])
     widths = [s["ins"][0][2] for s in plan["steps"] if s["op"] in ("all_reduce", "all_gather")]
-    words = max_step_words(t, int(build["max_batch_size"]), max_blocks)
+    words = StepBatch.max_words(t, int(build["max_batch_size"]), max_blocks)
     return int(max(4 * words + 64, min(t * max(widths) * 4, 16 << 20), 1 << 20))
 
 
@@ -48,9 +49,9 @@ def run_worker(executor, recv) -> None:
     """A non-zero rank's loop: run every step rank 0 broadcasts until it says stop."""
     while True:
         words = recv()
-        if int(words[0]) == STOP:
+        if is_stop(words):
             return
-        executor.step(*decode_step(words))
+        executor.step(StepBatch.decode(words))
 
 
 class TensorParallelExecutor:
@@ -60,12 +61,12 @@ class TensorParallelExecutor:
         self.local, self._send, self.workers = executor, send, workers
         self._error: str | None = None
 
-    def step(self, token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices) -> np.ndarray:
+    def step(self, batch: StepBatch) -> np.ndarray:
         if self._error:
             raise TensorParallelError(self._error)
         try:
-            self._send(encode_step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices))
-            return self.local.step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices)
+            self._send(batch.encode())
+            return self.local.step(batch)
         except RuntimeError as e:
             self._error = f"tensor-parallel step failed: {e}; the engine is stopped, create a new LLM"
             self.close()
@@ -119,7 +120,7 @@ def _shutdown(comm, procs, logs, done: threading.Event) -> None:
     done.set()
     if not comm.failed and all(p.poll() is None for p in procs):
         try:
-            comm.bcast_send(np.array([STOP, 0, 0, 0, 0], dtype=np.int32))
+            comm.bcast_send(stop_words())
         except RuntimeError:
             pass
     deadline = time.monotonic() + 5.0

@@ -6,8 +6,7 @@ and which Collectives the executors' all_reduce / all_gather kernels run over.
 - MpiGroup: ranks started by `mpirun -n N` (possibly on several machines); rank discovery,
   broadcast and collectives go through MPI (mpi4py, imported only here).
 
-A step message is int32 words: [kind, T, S, L, B] then token_ids (T), positions (T),
-cu_seqlens (S+1), context_lens (S), block_tables (S*B), logits_indices (L); kind 0 = stop.
+A step message is a StepBatch's wire form (format/step.py: StepBatch.encode / decode).
 """
 
 from __future__ import annotations
@@ -16,31 +15,9 @@ import os
 
 import numpy as np
 
-STEP, STOP = 1, 0
+from bessemer.format.step import stop_words
+
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")  # set by mpirun / PMI launchers
-
-
-def encode_step(tokens, positions, cu, context, tables, indices) -> np.ndarray:
-    tables = np.asarray(tables, dtype=np.int32)
-    head = np.array([STEP, len(tokens), len(context), len(indices), tables.shape[1]], dtype=np.int32)
-    return np.concatenate([head] + [np.asarray(a, dtype=np.int32).ravel()
-                                    for a in (tokens, positions, cu, context, tables, indices)])
-
-
-def decode_step(words: np.ndarray) -> tuple[np.ndarray, ...]:
-    _, t, s, l, b = (int(v) for v in words[:5])
-    sizes = [t, t, s + 1, s, s * b, l]
-    parts, at = [], 5
-    for n in sizes:
-        parts.append(words[at:at + n])
-        at += n
-    parts[4] = parts[4].reshape(s, b)
-    return tuple(parts)
-
-
-def max_step_words(max_num_tokens: int, max_batch_size: int, max_blocks: int) -> int:
-    t, s = max_num_tokens, max_batch_size
-    return 5 + 3 * t + 2 * s + 1 + s * max_blocks
 
 
 def launched_by_mpi() -> bool:
@@ -96,4 +73,4 @@ class MpiGroup:
         return words
 
     def stop(self) -> None:
-        self.send(np.array([STOP, 0, 0, 0, 0], dtype=np.int32))
+        self.send(stop_words())

@@ -1,7 +1,11 @@
 """The OpenAI-compatible HTTP app over one AsyncLLM, built by `build_app` (no module state).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or SSE when `stream`), GET
-/v1/models, /health, /metrics. Every error is OpenAI's JSON error shape with a 4xx status
+/v1/models, /health, /metrics. Constrained output: `response_format` (json_object,
+json_schema) and vLLM's guided_json/guided_regex/guided_grammar on both routes; `tools` on
+chat where the chat template renders them: a forced call (tool_choice "required" or a
+named function) is generated under the call's JSON schema, "auto" parses Hermes-style
+<tool_call> blocks; calls come back as OpenAI `tool_calls`. Every error is OpenAI's JSON error shape with a 4xx status
 (503 while shutting down, 500 only for a bug). A request's sequences are aborted, and their
 KV blocks freed, as soon as its client disconnects.
 """
@@ -152,21 +156,40 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request):
         req: P.ChatCompletionRequest = await read(request, P.ChatCompletionRequest)
-        prompt = tokenizer.encode_chat([m.as_template_input() for m in req.messages])
+        prompt = tokenizer.encode_chat([m.as_template_input() for m in req.messages], tools=req.template_tools())
         k = req.num_logprobs()
-        params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k)
+        forced = req.tool_call_schema()  # "required" or a named function: the output is the call
+        params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, json_schema=forced)
+        parse_calls = bool(req.tools) and req.tool_choice != "none"
         streams = await start([prompt], params)
         rid, chunk = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk"
 
         def logprobs(entries, token_ids):
             return None if k is None else P.chat_logprobs(entries, token_ids, k, decode_token)
 
+        def message(text: str) -> tuple[dict, bool]:
+            calls = P.tool_calls(text, forced is not None) if parse_calls else None
+            if calls:
+                return {"role": "assistant", "content": None, "tool_calls": calls}, True
+            return {"role": "assistant", "content": text}, False
+
         if req.stream:
             async def chunks():
                 # OpenAI sends the role first, in a chunk of its own
                 yield head(rid, chunk, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None} for i in range(params.n)]), 0
+                texts: dict[int, str] = {}
                 async for i, d in events(streams, params.n, metrics):
+                    if forced is not None:  # a forced call goes out whole, as one tool_calls delta
+                        texts[i] = texts.get(i, "") + d.text
+                        if d.finish_reason is None:
+                            continue
+                        msg, called = message(texts[i])
+                        delta = {"tool_calls": [{"index": j, **c} for j, c in enumerate(msg.get("tool_calls") or [])]}
+                        choice = {"index": i, "delta": delta if called else {"content": texts[i]}, "logprobs": None,
+                                  "finish_reason": "tool_calls" if called else d.finish_reason}
+                        yield head(rid, chunk, [choice]), len(d.token_ids)
+                        continue
                     choice = {"index": i, "delta": {"content": d.text} if d.text else {},
                               "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None,
                               "finish_reason": d.finish_reason}
@@ -175,9 +198,11 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
             return sse(chunks(), lambda u: head(rid, chunk, [], usage=u), len(prompt), req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
-        choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs(c.logprobs, c.token_ids), "finish_reason": c.finish_reason}
-                   for i, c in enumerate(result.choices)]
+        choices = []
+        for i, c in enumerate(result.choices):
+            msg, called = message(c.text)
+            choices.append({"index": i, "message": msg, "logprobs": logprobs(c.logprobs, c.token_ids),
+                            "finish_reason": "tool_calls" if called else c.finish_reason})
         return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens))
 
     def sse(chunks, usage_chunk, num_prompt_tokens: int, include_usage: bool):

@@ -2,8 +2,9 @@
 
 Latencies are observed from the engine's deltas (`Delta` times are time.perf_counter()
 values), so they include the queueing before the engine thread picked a request up.
-Gauges of the engine (running, waiting, KV usage, prefix cache, preemptions) are read
-from the snapshot the engine thread publishes after each step.
+Gauges of the engine (running, waiting, KV usage, prefix cache, preemptions, speculative
+decoding's drafted and accepted tokens) are read from the snapshot the engine thread
+publishes after each step.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ class ServerMetrics:
              stats.num_queried_tokens),
             ("counter", "num_preemptions_total", "Sequences preempted (freed, recomputed later).",
              stats.num_preemptions),
+            ("counter", "spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens verified.",
+             stats.num_draft_tokens),
+            ("counter", "spec_decode_num_accepted_tokens_total", "Speculative decoding: draft tokens accepted.",
+             stats.num_accepted_tokens),
+            ("gauge", "spec_decode_draft_acceptance_rate", "Accepted / verified draft tokens since start (0-1).",
+             stats.num_accepted_tokens / stats.num_draft_tokens if stats.num_draft_tokens else 0.0),
             ("counter", "prompt_tokens_total", "Prompt tokens of accepted requests.", self.num_prompt_tokens),
             ("counter", "generation_tokens_total", "Generated tokens.", self.num_generation_tokens),
         ):

@@ -8,11 +8,13 @@ ignored, as OpenAI-compatible servers do.
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bessemer.runtime.llm import SamplingParams
+from bessemer.runtime.sampling_params import SamplingParams
 
 
 class ApiError(Exception):
@@ -32,6 +34,19 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str | None = None
+    schema_: dict = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _SamplingFields(BaseModel):
@@ -54,14 +69,33 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # constrained output: OpenAI's response_format, and vLLM's guided_* extensions
+    response_format: ResponseFormat | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """Raises InvalidOptionError (a 400) for values SamplingParams rejects."""
+    def json_schema(self) -> dict | str | None:
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            return {"type": "object"}
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise ApiError(400, "response_format json_schema needs a json_schema object with a schema",
+                               param="response_format")
+            return rf.json_schema.schema_
+        return self.guided_json
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, json_schema=None) -> SamplingParams:
+        """Raises InvalidOptionError (a 400) for values SamplingParams rejects.
+        `json_schema` overrides the request's own (tool calls)."""
         return SamplingParams(
+            json_schema=json_schema if json_schema is not None else self.json_schema(),
+            regex=self.guided_regex, grammar=self.guided_grammar,
             max_tokens=max_tokens, temperature=_or(self.temperature, 1.0), top_k=_or(self.top_k, 0),
             top_p=_or(self.top_p, 1.0), min_p=_or(self.min_p, 0.0), seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
@@ -95,12 +129,45 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer to one
 
     def as_template_input(self) -> dict:
         content = self.content
         if isinstance(content, list):  # the chat templates of these models take plain strings
             content = "".join(part.text for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        if self.tool_calls:
+            # templates read arguments as a mapping; OpenAI sends them as a JSON string
+            out["tool_calls"] = [{**c, "function": {**c.get("function", {}),
+                                                    "arguments": _loads(c.get("function", {}).get("arguments"))}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -109,6 +176,27 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    def tool_call_schema(self) -> dict | None:
+        """The JSON schema the output must follow when a call is forced ("required" or a
+        named function): {"name": ..., "arguments": {...}}; None when none is forced."""
+        if not self.tools or self.tool_choice in (None, "none", "auto"):
+            return None
+        tools = self.tools
+        if isinstance(self.tool_choice, NamedToolChoice):
+            tools = [t for t in tools if t.function.name == self.tool_choice.function.name]
+            if not tools:
+                raise ApiError(400, f"tool_choice names function {self.tool_choice.function.name!r}, which is not "
+                                    "among the tools", param="tool_choice")
+        calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                   "arguments": t.function.parameters},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+        return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+    def template_tools(self) -> list[dict] | None:
+        return [t.model_dump() for t in self.tools] if self.tools else None
 
     def max_new_tokens(self, num_prompt_tokens: int, max_seq_len: int) -> int:
         """OpenAI's default for chat is "until the context is full"."""
@@ -138,6 +226,36 @@ def _is_union_member(loc_item) -> bool:
 
 def _or(value, default):
     return default if value is None else value
+
+
+def _loads(arguments):
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def tool_calls(text: str, forced: bool) -> list[dict] | None:
+    """OpenAI tool_calls from generated text: the whole text when a call was forced
+    (constrained to {"name", "arguments"}), else Hermes-style <tool_call>{...}</tool_call>
+    blocks (what tool-capable chat templates such as Qwen2.5's and Hermes' ask for)."""
+    if forced:
+        bodies = [text]
+    else:
+        bodies = [part.split("</tool_call>", 1)[0] for part in text.split("<tool_call>")[1:]]
+    calls = []
+    for body in bodies:
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            arguments = call.get("arguments", call.get("parameters", {}))
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    return calls or None
 
 
 # ---- responses ----

@@ -21,7 +21,7 @@ from bessemer.serving.app import build_app
 def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
         api_key: str | None = None, log_level: str = "info", **engine_options) -> None:
     """`engine_options` go to AsyncLLM (max_num_seqs, max_num_tokens, num_threads,
-    kv_cache_gib, enable_prefix_caching)."""
+    kv_cache_gib, enable_prefix_caching, speculative)."""
     import uvicorn
 
     # OpenMP workers spin between parallel regions by default. In a server the engine
@@ -47,9 +47,9 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
         llm = engine.llm  # uvicorn's logger is configured once Config exists
         logging.getLogger("uvicorn.error").info(
             "engine %s: %s, %d threads, %d KV blocks of %d tokens, at most %d sequences and %d tokens per step, "
-            "prefix caching %s", engine_dir, llm.executor.isa, llm.num_threads, llm.num_kv_blocks, llm.block_size,
-            llm.scheduler.max_batch_size, llm.scheduler.max_num_tokens,
-            "on" if llm.blocks.enable_prefix_caching else "off")
+            "prefix caching %s, speculative decoding %s", engine_dir, llm.executor.isa, llm.num_threads,
+            llm.num_kv_blocks, llm.block_size, llm.scheduler.max_batch_size, llm.scheduler.max_num_tokens,
+            "on" if llm.blocks.enable_prefix_caching else "off", llm.llm_engine.speculative or "off")
         # uvicorn re-raises the signal that stopped it once it is done; with the default
         # SIGTERM action that would turn a clean shutdown into "killed by SIGTERM" (-15).
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -1,11 +1,11 @@
 """quantize: marks every linear weight that is not excluded for quantized storage.
 
-The pass only annotates (WeightRef.quant); the weights are quantized while they are
-packed (builder/quantize_weights.py) and lowering picks the kernel that reads the stored
-format. Exclusions are fnmatch patterns on node names (HF module paths).
-w8a8 (SmoothQuant) linears also get act_bits 8, and `smooth` when their input comes from
-attention (no producer to fold 1/s into, quantization/smoothquant.py): the kernel then
-applies a stored per-channel multiplier.
+The pass only annotates: WeightRef.quant becomes the weight's stored format
+(quantization/formats.py, chosen by formats.weight_format from the QuantConfig); the
+weights are quantized by that format while they are packed (builder/weights.py) and the
+target's lowering picks the kernel that reads it. Exclusions are fnmatch patterns on node
+names (HF module paths). A w8a8 (SmoothQuant) linear whose input comes from attention (no
+producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 1/s.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
 the mode's scheme (see quantization/config.py). A table the embedding gathers from (tied
@@ -18,9 +18,7 @@ from fnmatch import fnmatch
 
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph
-from bessemer.quantization.primitives import effective_group_size
-
-INT8 = (("bits", 8),)
+from bessemer.quantization.formats import Int8PerChannel, weight_format
 
 
 def quantize(graph: Graph, build: BuildConfig) -> Graph:
@@ -40,20 +38,13 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
             if q.lm_head == "none":
                 nodes.append(n)
                 continue
-            quant = INT8
+            quant = Int8PerChannel()
         elif w.name in gathered:  # only lm_head may share the embedding's table
             nodes.append(n)
             continue
-        elif q.act_bits == 8:
-            smooth = q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
-            quant = (("bits", 8), ("act_bits", 8), ("smooth", smooth))
-        elif q.mode == "fp8":
-            quant = (("bits", 8), ("dtype", q.weight_dtype))
-        elif q.bits == 8:
-            quant = INT8
         else:
-            quant = (("bits", 4), ("group_size", effective_group_size(w.shape[1], q.group_size)),
-                     ("zero_point", q.zero_point))
+            smooth = q.act_bits == 8 and q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
+            quant = weight_format(q, w.shape[1], smooth)
         if w.name in gathered:
             table_quant[w.name] = quant
         nodes.append(replace(n, weights=(replace(w, quant=quant),) + n.weights[1:]))

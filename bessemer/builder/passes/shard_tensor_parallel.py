@@ -122,14 +122,10 @@ def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r
     ((b0, b1, k0, k1),) = _part_blocks(ref, shapes)
     rows, k = b1 - b0, k1 - k0
     c0, c1 = _cuts(node, k, heads, n, r)
-    q = dict(ref.quant)
-    g = q.get("group_size")
-    if g and (c0 % g or c1 % g):
-        fits = [f for f in (16, 32, 48, 64, 96, 128) if k % f == 0 and all(
-            c % f == 0 for rank in range(n) for c in _cuts(node, k, heads, n, rank))]
-        raise InvalidOptionError(
-            f"{node.name}: --tp {n} cuts its {k} input features at column {c0 if c0 % g else c1}, inside a "
-            f"4-bit group of {g}; use --group-size {' or '.join(map(str, fits)) or 16}")
+    problem = ref.quant.column_split_error(k, [_cuts(node, k, heads, n, rank) for rank in range(n)], r) \
+        if ref.quant else None
+    if problem:
+        raise InvalidOptionError(f"{node.name}: --tp {n} {problem}")
     return replace(ref, shape=(rows, c1 - c0), slices=((b0, b1, k0 + c0, k0 + c1),))
 
 

@@ -1,0 +1,90 @@
+"""The calibration step of a build (AWQ, GPTQ, SmoothQuant, fp8 need it): activation
+statistics of the calibration text, and what they decide before packing starts (AWQ and
+SmoothQuant transforms, SmoothQuant's kernel 1/s); then, per weight, what its stored
+format may use of them (WeightCalibration: Hessian, input max, 1/s).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+from bessemer.datasets import text_path
+from bessemer.builder.input_groups import linear_input_keys
+from bessemer.quantization.calibration import CalibrationSpec, collect
+from bessemer.quantization.channel_scales import InputGroup
+from bessemer.quantization.formats import StoredFormat, WeightCalibration
+
+
+@dataclass
+class CalibrationResult:
+    stats: dict  # input key -> activation statistics (quantization/calibration.py)
+    algorithm: str
+    weight_keys: dict = field(default_factory=dict)  # HF weight tensor -> its input's key
+    act_order: bool = False
+    gptq: bool = False  # codes chosen by GPTQ (w4a16-gptq, fp8 --fp8-rounding gptq)
+    transforms: dict = field(default_factory=dict)  # AWQ, SmoothQuant: tensor -> channel_scales.Transform
+    multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
+    backend: str = "native"  # where the activation statistics came from
+    report: dict = field(default_factory=dict)
+
+    def for_weight(self, parts: tuple[str, ...], fmt: StoredFormat) -> WeightCalibration:
+        """What `fmt` uses of the calibration for the weight made of HF tensors `parts`:
+        the input's Hessian when GPTQ chooses its codes (cached statistics may hold
+        Hessians a build does not use: an int8 lm_head is round to nearest), its max |x|
+        (fp8's static input scale), SmoothQuant's kernel 1/s."""
+        key = self.weight_keys.get(parts[0])
+        stats = self.stats.get(key, {}) if key else {}
+        return WeightCalibration(
+            hessian=stats["hessian"] if self.gptq and fmt.gptq_codes else None,
+            act_order=self.act_order,
+            input_amax=float(stats["abs_max"].max()) if fmt.needs_input_amax else None,
+            smooth=self.multipliers[parts[0]] if fmt.smooth else None)
+
+
+def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: frozenset = frozenset()) -> CalibrationResult:
+    """groups: the model's input groups (builder/input_groups.py, from its unpassed graph);
+    kernel_smoothed: first weights of the linears whose w8a8 kernel applies a stored 1/s."""
+    from bessemer.quantization.awq import awq_transforms
+
+    spec = CalibrationSpec(text_path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
+    t = time.perf_counter()
+    if quant.algorithm == "smoothquant":
+        return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
+    # only GPTQ (int4, or fp8 codes rounded by GPTQ) needs the (K, K) input Hessians; AWQ
+    # and FP8 read abs_mean / abs_max / samples
+    stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=quant.uses_gptq)
+    result = CalibrationResult(stats, quant.algorithm, {w: g.key for g in groups for w in g.weights},
+                               quant.act_order, quant.uses_gptq,
+                               report={"stats_s": round(time.perf_counter() - t, 2),
+                                       "rows": int(next(iter(stats.values()))["rows"])})
+    if quant.algorithm == "awq":
+        t = time.perf_counter()
+        result.transforms, per_group = awq_transforms(ckpt.get, groups, stats,
+                                                      quant.group_size, quant.zero_point, say)
+        result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
+    return result
+
+
+def _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed) -> CalibrationResult:
+    from bessemer.quantization.modelopt_calib import modelopt_available, modelopt_act_amax
+    from bessemer.quantization.smoothquant import smoothquant_transforms
+
+    t = time.perf_counter()
+    backend = quant.calib_backend
+    if backend == "auto":
+        backend = "modelopt" if modelopt_available() else "native"
+    if backend == "modelopt":
+        act_amax, rows = modelopt_act_amax(ckpt.dir, spec, quant.smoothquant_alpha, linear_input_keys(groups), say)
+    else:
+        stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=False)
+        act_amax = {k: v["abs_max"] for k, v in stats.items()}
+        rows = int(next(iter(stats.values()))["rows"])
+    result = CalibrationResult({}, quant.algorithm, backend=backend,
+                               report={"stats_s": round(time.perf_counter() - t, 2), "rows": rows, "backend": backend})
+    result.transforms, result.multipliers, per_group = smoothquant_transforms(
+        ckpt.get, groups, act_amax, quant.smoothquant_alpha, kernel_smoothed)
+    result.report["smoothquant"] = per_group
+    say(f"smoothquant: factors for {len(per_group)} inputs (alpha {quant.smoothquant_alpha}, {backend} statistics)")
+    return result

@@ -1,0 +1,65 @@
+"""WeightSource: produces each engine tensor from the checkpoint when the writer asks for it.
+
+A quantized weight is quantized once, by its stored format (quantization/formats.py), when
+its first part (the codes) is asked for; its other parts follow it in the tensor order,
+then the cache is dropped. Every part is packed into the layout the target chose for it.
+A tensor-parallel shard (TensorSpec.slices) reads only its rows/columns of each HF part,
+except where the format needs whole rows (per-channel scales, GPTQ's error propagation):
+then it reads the full rows of the shard, quantizes them and keeps the shard's columns.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from bessemer.builder.calibrate import CalibrationResult
+from bessemer.builder.checkpoint import Checkpoint
+from bessemer.builder.lower import TensorSpec
+from bessemer.format.layouts import encode
+from bessemer.quantization.formats import WeightCalibration
+
+
+class WeightSource:
+    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
+        self.ckpt, self.constants = ckpt, constants
+        self.calibration = calibration
+        self.quant_stats: dict[str, dict] = {}  # weight -> its format's error line (build report)
+        self._cached: tuple[str, dict] | None = None
+
+    def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
+        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
+        arr = self.ckpt.get(name, sl)
+        if self.calibration and name in self.calibration.transforms:
+            arr = self.calibration.transforms[name].apply(arr, sl)
+        return arr
+
+    def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
+        if spec.name in self.constants:
+            return self.constants[spec.name]
+        slices = spec.slices or (None,) * len(spec.parts)
+        if full_rows:
+            slices = [(s[0], s[1], 0, self.ckpt.index[p].shape[1]) for p, s in zip(spec.parts, slices)]
+        arrays = [self.part(p, sl) for p, sl in zip(spec.parts, slices)]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+
+    def _quantize(self, spec: TensorSpec) -> dict[str, np.ndarray]:
+        fmt = spec.quant
+        calib = self.calibration.for_weight(spec.parts, fmt) if self.calibration else WeightCalibration()
+        k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
+        if k_split and fmt.full_rows_for_k_shard(calib):
+            q, w = fmt.store(self.fp32(spec, full_rows=True), calib, cut=(k_split[0][2], k_split[0][3]))
+        else:
+            q, w = fmt.store(self.fp32(spec), calib)
+        self.quant_stats[spec.source] = fmt.stats(w, q)
+        return q
+
+    def producer(self, spec: TensorSpec) -> Callable[[], np.ndarray]:
+        def produce() -> np.ndarray:
+            if spec.quant is None:
+                return encode(self.fp32(spec), spec.dtype, spec.layout)
+            if self._cached is None or self._cached[0] != spec.source:
+                self._cached = (spec.source, self._quantize(spec))
+            return spec.quant.pack(spec.role, self._cached[1][spec.role], spec.layout)
+        return produce

@@ -1,0 +1,273 @@
+"""Stored quantization formats: one class per way a quantized weight lies in an engine.
+
+A format owns what is true of its stored weight on every target:
+- parts(shape): the tensors it is stored as (codes and their parameters), in file and
+  kernel order, each with its element type (format/dtypes.py names);
+- quantize(rows, calib): fp32 rows (N, K) -> the parts' values (unpacked arrays), with the
+  algorithm the build chose (round to nearest, or GPTQ given the input's Hessian);
+- tensor-parallel slicing: whether a K shard must be quantized on whole rows, how a K
+  shard's parts are cut, and where a K cut is not allowed;
+- pack(role, values, layout): a part's values -> the bytes of the layout a target chose;
+- stats(w, q): the build report's error line for the weight.
+Which layout each part is stored in and which kernel reads it are the target's choices
+(targets/<name>/lowering.py maps each format class to them). The algorithms that pick
+scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never names one.
+
+    Int8PerChannel  int8 codes + fp32 scale per output channel (w8a16; the int8 lm_head,
+                    and the embedding table it shares when tied)
+    Int4Group       4-bit codes + bf16 scale and offset per group of K (w4a16*)
+    W8A8            int8 codes + scales + per-channel code sums (+ SmoothQuant 1/s) for the
+                    int8 x int8 kernel (w8a8-sq)
+    Fp8E4M3         E4M3 codes + fp32 channel scales + the static input scale (fp8)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from bessemer.format import layouts
+from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
+from bessemer.quantization import primitives as prim
+
+
+@dataclass(frozen=True)
+class Part:
+    role: str  # codes | scales | offsets | wsum | smooth | input_scale
+    suffix: str  # appended to the weight's name ("" for the codes: the weight's own name)
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class WeightCalibration:
+    """What calibration knows of one weight's input (all optional)."""
+
+    hessian: np.ndarray | None = None  # (K_full, K_full): codes chosen by GPTQ
+    act_order: bool = False
+    input_amax: float | None = None  # max |x| (fp8's static input scale)
+    smooth: np.ndarray | None = None  # (K_full,) SmoothQuant 1/s applied by the kernel
+
+
+class StoredFormat(ABC):
+    """A stored quantization format (frozen dataclass subclasses; equal formats store alike)."""
+
+    bits: int
+    gptq_codes = False  # GPTQ may choose its codes (given the input's Hessian)
+    needs_input_amax = False  # a static input scale from the calibrated max |x|
+    smooth = False  # the kernel applies a stored SmoothQuant 1/s to its input
+
+    @abstractmethod
+    def parts(self, shape: tuple[int, int]) -> tuple[Part, ...]: ...
+
+    @abstractmethod
+    def quantize(self, rows: np.ndarray, calib: WeightCalibration) -> dict[str, np.ndarray]:
+        """rows: (N, K) fp32 -> {role: values} of every part (codes unpacked, (N, K))."""
+
+    @abstractmethod
+    def dequantize(self, q: dict[str, np.ndarray]) -> np.ndarray:
+        """The (N, K) weight the stored parts represent."""
+
+    def full_rows_for_k_shard(self, calib: WeightCalibration) -> bool:
+        """A K shard is quantized on whole rows (then cut) when its parameters or codes
+        depend on the whole row: per-channel scales, GPTQ's error propagation."""
+        return True
+
+    def slice_columns(self, q: dict[str, np.ndarray], c0: int, c1: int) -> dict[str, np.ndarray]:
+        """The parts of columns [c0, c1) of a weight quantized on whole rows."""
+        return {role: (v[:, c0:c1] if role == "codes" else v[c0:c1] if role == "smooth" else v)
+                for role, v in q.items()}
+
+    def column_split_error(self, k: int, cuts: list[tuple[int, int]], rank: int) -> str | None:
+        """Why rank `rank`'s input columns cuts[rank] of a K-column weight cannot be stored
+        on their own (the end of a sentence starting with the node and --tp), or None."""
+        return None
+
+    def finish(self, q: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Parts computed from the codes as stored, after any K cut (none by default)."""
+        return q
+
+    def store(self, rows: np.ndarray, calib: WeightCalibration,
+              cut: tuple[int, int] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """rows (N, K) -> (every part's values, the (N, k) fp32 weight they stand for). With
+        `cut` (c0, c1), `rows` are whole rows and the result is the K shard [c0, c1)."""
+        q = self.quantize(rows, calib)
+        if cut is not None:
+            q = self.slice_columns(q, *cut)
+            rows = rows[:, cut[0]:cut[1]]
+        return self.finish(q), rows
+
+    def pack(self, role: str, values: np.ndarray, layout: str) -> np.ndarray:
+        """A part's values (in its stored dtype) -> the bytes of `layout`."""
+        return layouts.pack(values, layout)
+
+    def stats(self, w: np.ndarray, q: dict[str, np.ndarray]) -> dict:
+        return {"sqnr_db": round(prim.sqnr_db(w, self.dequantize(q)), 2), "bits": self.bits}
+
+    def describe(self) -> str:
+        """Text for graph dumps: `int4_group(group_size=64,zero_point=False)`."""
+        fields = ",".join(f"{k}={v}" for k, v in sorted(vars(self).items()))
+        return f"{self.key}({fields})"
+
+
+@dataclass(frozen=True)
+class Int8PerChannel(StoredFormat):
+    key = "int8_per_channel"
+    bits = 8
+
+    def parts(self, shape):
+        n, _ = shape
+        return (Part("codes", "", tuple(shape), "int8"), Part("scales", ".scales", (n,), "float32"))
+
+    def quantize(self, rows, calib):
+        codes, scale = prim.quantize_int8_per_channel(rows)
+        return {"codes": codes, "scales": scale}
+
+    def dequantize(self, q):
+        return prim.dequantize_int8_per_channel(q["codes"], q["scales"])
+
+
+@dataclass(frozen=True)
+class Int4Group(StoredFormat):
+    group_size: int
+    zero_point: bool
+    key = "int4_group"
+    bits = 4
+    gptq_codes = True
+    param_dtype = "bfloat16"  # scales and offsets are bf16 values (int4_group_params rounds them)
+
+    def parts(self, shape):
+        n, k = shape
+        groups = (n, k // self.group_size)
+        return (Part("codes", "", tuple(shape), "int4"), Part("scales", ".scales", groups, self.param_dtype),
+                Part("offsets", ".offsets", groups, self.param_dtype))
+
+    def quantize(self, rows, calib):
+        g = self.group_size
+        if calib.hessian is not None:
+            from bessemer.quantization.gptq import gptq_int4
+
+            codes, scale, offset = gptq_int4(rows, calib.hessian, g, self.zero_point, calib.act_order)
+        else:
+            scale, offset = prim.int4_group_params(rows, g, self.zero_point)
+            codes = prim.quantize_int4(rows, scale, offset, g)
+        return {"codes": codes, "scales": scale, "offsets": offset}
+
+    def dequantize(self, q):
+        return prim.dequantize_int4(q["codes"], q["scales"], q["offsets"], self.group_size)
+
+    def full_rows_for_k_shard(self, calib):
+        return calib.hessian is not None  # round to nearest: groups are independent
+
+    def slice_columns(self, q, c0, c1):
+        g = self.group_size
+        assert c0 % g == 0 and c1 % g == 0, "the shard pass only cuts K on group boundaries"
+        return {"codes": q["codes"][:, c0:c1], "scales": q["scales"][:, c0 // g:c1 // g],
+                "offsets": q["offsets"][:, c0 // g:c1 // g]}
+
+    def column_split_error(self, k, cuts, rank):
+        g = self.group_size
+        c0, c1 = cuts[rank]
+        if c0 % g == 0 and c1 % g == 0:
+            return None
+        fits = [f for f in (16, 32, 48, 64, 96, 128) if k % f == 0 and all(c % f == 0 for cut in cuts for c in cut)]
+        return (f"cuts its {k} input features at column {c0 if c0 % g else c1}, inside a 4-bit group of {g}; "
+                f"use --group-size {' or '.join(map(str, fits)) or 16}")
+
+    def pack(self, role, values, layout):
+        if role == "codes":
+            return layouts.pack_int4_codes(values, layout)
+        p = np.asarray(values, dtype=np.float32)
+        bits = to_bfloat16_bits(p)
+        if not np.array_equal(bfloat16_bits_to_float32(bits), p):
+            raise ValueError("int4 group parameters must be bf16 values (primitives.int4_group_params rounds them)")
+        return layouts.pack(bits, layout)
+
+    def stats(self, w, q):
+        return dict(super().stats(w, q), group_size=self.group_size)
+
+
+@dataclass(frozen=True)
+class W8A8(StoredFormat):
+    smooth: bool  # the kernel multiplies its input by a stored 1/s (o_proj, SmoothQuant)
+    key = "w8a8"
+    bits = 8
+
+    def parts(self, shape):
+        n, k = shape
+        parts = (Part("codes", "", tuple(shape), "int8"), Part("scales", ".scales", (n,), "float32"),
+                 Part("wsum", ".wsum", (n,), "int32"))
+        return parts + ((Part("smooth", ".smooth", (k,), "float32"),) if self.smooth else ())
+
+    def quantize(self, rows, calib):
+        codes, scale = prim.quantize_int8_per_channel(rows)
+        q = {"codes": codes, "scales": scale}
+        if self.smooth:
+            if calib.smooth is None:
+                raise ValueError("w8a8 with kernel smoothing needs the calibrated 1/s of the weight's input")
+            q["smooth"] = calib.smooth
+        return q
+
+    def dequantize(self, q):
+        return prim.dequantize_int8_per_channel(q["codes"], q["scales"])
+
+    def pack(self, role, values, layout):
+        if role == "wsum":  # the VNNI kernel feeds u8 = code + 128 and subtracts 128 * wsum
+            return layouts.pack(np.asarray(values, np.int32), layout)
+        return super().pack(role, values, layout)
+
+    def finish(self, q):
+        """Per-channel sums of the codes as stored (after any K cut)."""
+        return dict(q, wsum=q["codes"].astype(np.int32).sum(axis=1, dtype=np.int32))
+
+
+@dataclass(frozen=True)
+class Fp8E4M3(StoredFormat):
+    key = "fp8_e4m3"
+    bits = 8
+    gptq_codes = True
+    needs_input_amax = True
+
+    def parts(self, shape):
+        n, _ = shape
+        return (Part("codes", "", tuple(shape), "float8_e4m3"), Part("scales", ".scales", (n,), "float32"),
+                Part("input_scale", ".input_scale", (1,), "float32"))
+
+    def quantize(self, rows, calib):
+        from bessemer.quantization import fp8
+
+        if calib.input_amax is None:
+            raise ValueError("fp8 needs the calibrated max |x| of the weight's input")
+        if calib.hessian is not None:
+            from bessemer.quantization.gptq import gptq_fp8
+
+            codes, scale = gptq_fp8(rows, calib.hessian, calib.act_order)
+        else:
+            codes, scale = fp8.quantize_fp8_per_channel(rows)
+        return {"codes": codes, "scales": scale,
+                "input_scale": np.array([fp8.activation_scale(calib.input_amax)], np.float32),
+                "input_amax": np.float32(calib.input_amax)}
+
+    def dequantize(self, q):
+        from bessemer.quantization import fp8
+
+        return fp8.dequantize_fp8_per_channel(q["codes"], q["scales"])
+
+    def stats(self, w, q):
+        return dict(super().stats(w, q), dtype="float8_e4m3", input_amax=float(q["input_amax"]),
+                    input_scale=float(q["input_scale"][0]))
+
+
+
+def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat:
+    """The stored format of a linear weight quantized by `quant` (a QuantConfig): the one
+    place a --quant mode becomes a storage format. smooth: w8a8 with the kernel's 1/s."""
+    if quant.act_bits == 8:
+        return W8A8(smooth=smooth)
+    if quant.weight_dtype == "float8_e4m3":
+        return Fp8E4M3()
+    if quant.bits == 8:
+        return Int8PerChannel()
+    return Int4Group(prim.effective_group_size(in_features, quant.group_size), quant.zero_point)

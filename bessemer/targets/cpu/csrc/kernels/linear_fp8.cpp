@@ -1,0 +1,234 @@
+// linear_fp8@1: E4M3 activations (static per-tensor scale) times E4M3 weights
+// (per-output-channel scales), fp32 accumulation.
+//
+//   weights: codes float8_e4m3 panel16 [N, K], scales f32 [N], input_scale f32 [1], bias?
+//   y = (e4m3(x / s_x) @ decode(codes)^T) * s_x * scales (+ bias)
+//
+// e4m3(v): round to nearest even on the E4M3FN grid, saturating at +-448 (the reference is
+// quantization/fp8.py). The activations are quantized once per thread and block by the
+// driver (linear_driver.h, linear_fp8_family.h); the weight bytes are converted in registers, never to a
+// dequantized copy in memory. E4M3 values and their products are exact in fp32 (and in
+// bf16), so the kernels differ from the reference only by the fp32 summation order.
+//
+// This file: prepare/run (ISA dispatch) and the AVX2 kernel. Weight byte b -> fp16 bits
+// ((b & 0x7F) << 7 | (b & 0x80) << 8) is the E4M3 value times 2^-8 exactly (subnormals
+// included: fp16 has the wider exponent), widened by vcvtph2ps; the 2^8 is folded into
+// the epilogue's scale. The AVX-512 kernel (linear_fp8_avx512.cpp) needs AVX512_BF16 and
+// is used only where the CPU has it; otherwise isa=avx512 runs this one.
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+#include "linear_fp8_family.h"
+#include "simd_avx2.h"
+
+namespace bessemer {
+
+namespace {
+struct Fp8Params : KernelParams {
+    int N, K;
+    bool bf16_kernel;  // the AVX-512 BF16 kernel (else AVX2 FMA)
+    float xs;          // static input scale
+};
+}  // namespace
+
+void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
+    int N, K;
+    expect_linear(c, p, 3, 4, &N, &K);
+    expect_weight(c, 0, {DT_F8E4M3}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
+    expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {1});
+    if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    const float xs = *static_cast<const float*>(c.weights[2]->data);
+    if (!(xs > 0.0f) || !std::isfinite(xs))
+        kernel_error(c, "input_scale must be a positive finite number, got " + std::to_string(xs));
+    if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
+    Fp8Params& a = c.set_params<Fp8Params>();
+    a.N = N;
+    a.K = K;
+    a.bf16_kernel = linear_fp8_avx512_bf16_available();
+    a.xs = xs;
+}
+
+void run_linear_fp8(const KernelCall& c, const StepContext& ctx) {
+    const int M = ctx.rows(c.rows);
+    if (M == 0) return;
+    const Fp8Params& a = c.get<Fp8Params>();
+    const int N = a.N, K = a.K;
+    const auto* codes = static_cast<const uint8_t*>(c.weights[0]->data);
+    const auto* scales = static_cast<const float*>(c.weights[1]->data);
+    const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
+    const float xs = a.xs;
+    const float* x = ctx.ptr(c.ins[0]);
+    float* y = ctx.ptr(c.outs[0]);
+    if (ctx.isa == Isa::AVX512 && a.bf16_kernel)
+        linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+    else
+        linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+}
+
+namespace {
+
+using namespace simd;
+
+constexpr int kMR2 = 6;  // rows per microkernel
+constexpr int kNR2 = 2;  // max panels per microkernel (2 only for M <= 2)
+
+// Scalar twin of e4m3_round8, for the tail columns.
+inline float e4m3_round1(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    const uint32_t sign = u & 0x80000000u;
+    float a = std::fabs(v);
+    a = a < 448.0f ? a : 448.0f;
+    float r;
+    if (a < 0.015625f) {  // subnormal grid: multiples of 2^-9 (ulp of 2^14 in fp32)
+        const float t = a + 16384.0f;  // no -ffast-math: (a + C) - C is not folded
+        r = t - 16384.0f;
+    } else {  // round the fp32 mantissa to 3 bits, ties to even
+        uint32_t b;
+        std::memcpy(&b, &a, 4);
+        b = (b + 0x7FFFFu + ((b >> 20) & 1u)) & 0xFFF00000u;
+        std::memcpy(&r, &b, 4);
+    }
+    std::memcpy(&u, &r, 4);
+    u |= sign;
+    std::memcpy(&r, &u, 4);
+    return r;
+}
+
+// 8 values v -> their E4M3 values (saturating, ties to even) as fp32.
+inline __m256 e4m3_round8(__m256 v) {
+    const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+    const __m256 sign = _mm256_and_ps(v, sign_mask);
+    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign_mask, v), _mm256_set1_ps(448.0f));
+    __m256i b = _mm256_castps_si256(a);
+    b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF),
+                                             _mm256_and_si256(_mm256_srli_epi32(b, 20), _mm256_set1_epi32(1))));
+    const __m256 nrm = _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32(int(0xFFF00000u))));
+    const __m256 magic = _mm256_set1_ps(16384.0f);
+    const __m256 sub = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
+    const __m256 r = _mm256_blendv_ps(nrm, sub, _mm256_cmp_ps(a, _mm256_set1_ps(0.015625f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, sign);
+}
+
+void quantize_rows_f32(const float* x, int64_t ldx, int rows, int kc, float s, char* out, int64_t ldq) {
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + r * ldx;
+        float* q = reinterpret_cast<float*>(out) + r * ldq;
+        int k = 0;
+        for (; k + 8 <= kc; k += 8) _mm256_storeu_ps(q + k, e4m3_round8(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv)));
+        for (; k < kc; ++k) q[k] = e4m3_round1(xr[k] / s);
+        for (; k < ldq; ++k) q[k] = 0.0f;
+    }
+}
+
+// 16 E4M3 weights of one panel at one k -> fp32 (rows 0-7, 8-15), each times 2^-8.
+inline void decode16_e4m3(const uint8_t* p, __m256& w0, __m256& w1) {
+    const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i f16 = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7),
+                                        _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8));
+    w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
+    w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
+}
+
+template <int MR, int NR>
+void ukr_fp8_avx2(const Fp8Args& a) {
+    const float* xr[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) xr[r] = reinterpret_cast<const float*>(a.xq) + r * a.ldq;
+    const uint8_t* wp[NR];
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
+    __m256 acc[MR][NR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+    for (int k = 0; k < a.kc; ++k) {
+        if (a.pf_next && (k & 3) == 0)
+#pragma GCC unroll 4
+            for (int n = 0; n < NR; ++n) _mm_prefetch(reinterpret_cast<const char*>(wp[n] + k * 16 + a.pf_next), _MM_HINT_T0);
+        __m256 wv[NR][2];
+#pragma GCC unroll 4
+        for (int n = 0; n < NR; ++n) decode16_e4m3(wp[n] + k * 16, wv[n][0], wv[n][1]);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m256 xb = _mm256_broadcast_ss(xr[r] + k);
+#pragma GCC unroll 4
+            for (int n = 0; n < NR; ++n) {
+                acc[r][n][0] = _mm256_fmadd_ps(xb, wv[n][0], acc[r][n][0]);
+                acc[r][n][1] = _mm256_fmadd_ps(xb, wv[n][1], acc[r][n][1]);
+            }
+        }
+    }
+    const float sx = a.xs * 256.0f;  // the decoded weights are value * 2^-8
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) {
+        const int col0 = n * 16;
+        const int nc = a.ncols - col0;
+        if (nc <= 0) break;
+        if (nc >= 16) {
+            const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(a.ws + col0), _mm256_set1_ps(sx));
+            const __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(a.ws + col0 + 8), _mm256_set1_ps(sx));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                float* yp = a.y + r * a.ldy + col0;
+                __m256 v0 = _mm256_mul_ps(acc[r][n][0], s0), v1 = _mm256_mul_ps(acc[r][n][1], s1);
+                if (a.accumulate) {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yp));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yp + 8));
+                }
+                if (a.bias) {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias + col0));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + col0 + 8));
+                }
+                _mm256_storeu_ps(yp, v0);
+                _mm256_storeu_ps(yp + 8, v1);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                alignas(32) float tmp[16];
+                _mm256_store_ps(tmp, acc[r][n][0]);
+                _mm256_store_ps(tmp + 8, acc[r][n][1]);
+                float* yp = a.y + r * a.ldy + col0;
+                for (int j = 0; j < nc; ++j) {
+                    float val = tmp[j] * (a.ws[col0 + j] * sx);
+                    if (a.accumulate) val += yp[j];
+                    if (a.bias) val += a.bias[col0 + j];
+                    yp[j] = val;
+                }
+            }
+        }
+    }
+}
+
+struct UkTableFp8 {
+    Fp8Fn f[(kMR2 + 1) * (kNR2 + 1)];
+    template <int MR, int NR>
+    constexpr void set() { f[MR * (kNR2 + 1) + NR] = ukr_fp8_avx2<MR, NR>; }
+    constexpr UkTableFp8() : f{} {
+        set<1, 1>(); set<2, 1>(); set<3, 1>(); set<4, 1>(); set<5, 1>(); set<6, 1>();
+        set<1, 2>(); set<2, 2>();
+    }
+};
+
+const UkTableFp8 kTableFp8;
+
+}  // namespace
+
+void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
+                     int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
+    linear_fp8_drive(x, ldx, M, codes, scales, xs, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableFp8.f,
+                     kNR2 + 1, quantize_rows_f32, 4);
+}
+
+bool linear_fp8_avx512_bf16_available() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+}  // namespace bessemer

@@ -1,0 +1,117 @@
+// AVX2/FMA helpers (the baseline ISA of the cpu target). Header-only, static inline.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace bessemer {
+namespace simd {
+
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    lo = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, lo);
+    lo = _mm_add_ss(lo, sh);
+    return _mm_cvtss_f32(lo);
+}
+
+static inline float hmax256(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+// 8 bf16 (uint16 bit patterns) -> 8 fp32.
+static inline __m256 load_bf16x8(const uint16_t* p) {
+    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// fp32 -> bf16, round to nearest even; NaN -> 0x7FC0 (matches engine_format.to_bfloat16_bits).
+static inline uint16_t f32_to_bf16(float f) {
+    if (std::isnan(f)) return 0x7FC0;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+
+// exp(x) for fp32 lanes (Cephes polynomial, ~1-2 ulp); inputs clamped to [-87.3, 88].
+static inline __m256 exp256(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-87.33654f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, r2, r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127));
+    e = _mm256_slli_epi32(e, 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// Scalar twin of exp256 for tails (same polynomial, so results agree lane for lane).
+static inline float exp_scalar(float x) {
+    __m256 v = exp256(_mm256_set1_ps(x));
+    return _mm256_cvtss_f32(v);
+}
+
+// Mask of the first n (0..8) lanes for maskload/maskstore.
+static inline __m256i tail_mask8(int n) {
+    alignas(32) static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + 8 - n));
+}
+
+// The store epilogue of the AVX2 linear kernels: one row's 16 finished outputs of a panel
+// (v0: columns 0-7, v1: 8-15), plus y when accumulate, plus bias (at the panel's first
+// column) when given, in that order. The quantized AVX2 kernels (w8a16/w4a16, fp8, w8a8)
+// keep their epilogue inline: it multiplies by the scales just before these adds and the
+// compiler fuses that multiply with the first add (-ffp-contract=fast, GCC's default), so
+// routing it through finished values here would change the last bit of their outputs.
+static inline void store_row16(float* yp, __m256 v0, __m256 v1, bool accumulate, const float* bias) {
+    if (accumulate) {
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yp));
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yp + 8));
+    }
+    if (bias) {
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias));
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias + 8));
+    }
+    _mm256_storeu_ps(yp, v0);
+    _mm256_storeu_ps(yp + 8, v1);
+}
+
+// The same for the last panel's first nc < 16 columns, from finished values v[0..nc).
+static inline void store_row_tail(float* yp, const float* v, int nc, bool accumulate, const float* bias) {
+    for (int j = 0; j < nc; ++j) {
+        float val = v[j];
+        if (accumulate) val += yp[j];
+        if (bias) val += bias[j];
+        yp[j] = val;
+    }
+}
+
+}  // namespace simd
+}  // namespace bessemer
