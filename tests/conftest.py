@@ -47,13 +47,14 @@ TINY_FAMILIES = {
                                     "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                     "short_factor": [1.0, 1.3, 1.9, 2.6], "long_factor": [1.5, 2.0, 3.0, 4.0]},
                                 original_max_position_embeddings=64)),
+    # per-head q/k RMSNorm (rms_norm_heads)
+    "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=False)),
 }
 
 
 # Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
 # graphs are checked against HF by the reference interpreter (tests/test_families.py).
 GRAPH_ONLY_FAMILIES = {
-    "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=False)),
     "granite": ("GraniteConfig", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078,
                                       logits_scaling=8.0, tie_word_embeddings=True)),
     # layer 0 local (window 6, base 10000), layer 1 global (base 1e6, linear scaling x2)
@@ -79,7 +80,7 @@ GRAPH_ONLY_FAMILIES = {
 
 # the families added with the checks of issue 23 (each is also in the TP, quantization and
 # fold tests of tests/test_families.py)
-NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3")
+NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3", "qwen3")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:

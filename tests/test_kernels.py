@@ -345,6 +345,38 @@ def test_rms_norm(tmp_path, isa, H, offset):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("heads,d,offset,inplace", [(4, 16, 0.0, False), (3, 12, 1.0, True), (2, 37, 0.0, True)])
+def test_rms_norm_heads(tmp_path, isa, heads, d, offset, inplace):
+    """Each head of a column view (q inside a fused qkv row) normalised alone, one weight
+    for all heads, against ops.ref_rms_norm_heads; in place too (what the planner may choose)."""
+    rng = np.random.default_rng(4)
+    W, width = heads * d, heads * d + 5
+    table = (rng.standard_normal((20, width)) * 3).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    out_view = [0, 3, W] if inplace else [1, 1, W]
+    steps = [emb_step([0, 0, width]),
+             step("rms_norm_heads", [[0, 3, W]], [out_view], ["n"],
+                  {"num_heads": heads, "head_dim": d, "eps": 1e-5, "weight_offset": offset})]
+    plan = make_plan([(width, "tokens"), (W + 1, "tokens")], steps, [out_view[0], out_view[1], W], W)
+    tokens = rng.integers(0, 20, 33)
+    out = build_and_run(tmp_path, plan, {"emb": (table, "float32", "row_major"), "n": (w, "float32", "row_major")},
+                        tokens, isa)
+    ref = ops.ref_rms_norm_heads(table[tokens].astype(np.float64)[:, 3:3 + W], w.astype(np.float64), heads, d,
+                                 1e-5, offset)
+    np.testing.assert_allclose(out, ref, rtol=tol.NORM_RTOL, atol=1e-6)
+
+
+def test_rms_norm_heads_checks_its_heads(tmp_path):
+    steps = [emb_step([0, 0, 32]),
+             step("rms_norm_heads", [[0, 0, 32]], [[1, 0, 32]], ["n"], {"num_heads": 3, "head_dim": 8, "eps": 1e-5})]
+    plan = make_plan([(32, "tokens"), (32, "tokens")], steps, [1, 0, 32], 32)
+    tensors = {"emb": (np.ones((4, 32), np.float32), "float32", "row_major"),
+               "n": (np.ones(8, np.float32), "float32", "row_major")}
+    with pytest.raises(ValueError, match="num_heads x head_dim does not equal the row width 32"):
+        build_and_run(tmp_path, plan, tensors, [1, 2], "auto")
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("inplace", [False, True])
 def test_add_rms_norm(tmp_path, isa, inplace):
     rng = np.random.default_rng(4)

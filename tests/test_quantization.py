@@ -106,7 +106,8 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                # one weight-only mode for each family added with issue 23
                ("llama-yarn", QuantConfig("w8a16")), ("llama-dynamic", QuantConfig("w4a16", group_size=32)),
                ("seed-oss", QuantConfig("w4a16", group_size=32, zero_point=True)), ("smollm3", QuantConfig("w8a16")),
-               ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32))]
+               ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32)),
+               ("qwen3", QuantConfig("w4a16", group_size=32))]
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,

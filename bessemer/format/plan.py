@@ -42,6 +42,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
     add_rms_norm@1 ins [x, residual]; outs [y, residual_out]; weights [w]; attrs eps, weight_offset
                    residual_out = x + residual; y = rms_norm(residual_out)
                    (residual_out may be the same view as residual: in place)
+    rms_norm_heads@1 ins [x]; outs [y]; weights [w ([head_dim])]; attrs num_heads, head_dim,
+                   eps, weight_offset; each head's head_dim columns of x normalised as
+                   rms_norm, one weight for every head (Qwen3, Gemma 3 q/k norms)
     add@1          ins [a, b]; outs [c]; c = a + b
     linear@1       ins [x]; outs [y]; weights [w ([N, K] panel16, f32 or bf16), bias?]
                    y = x @ w.T (+ bias, [N] row_major f32); rows = out's row kind

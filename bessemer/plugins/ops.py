@@ -171,7 +171,7 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # RMSNorm of each head of a (T, num_heads * head_dim) value, one (head_dim,) weight for
     # all heads (Qwen3, Gemma 3 q/k norms); attrs num_heads, head_dim, eps, weight_offset,
     # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
-    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}, targets=()),
+    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}),
     # gelu_tanh(gate) * up (Gemma's gated MLP)
     OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1", targets=()),
     # x * factor (attrs factor): Gemma's sqrt(hidden) embeddings, Granite's multipliers
