@@ -49,20 +49,22 @@ TINY_FAMILIES = {
                                 original_max_position_embeddings=64)),
     # per-head q/k RMSNorm (rms_norm_heads)
     "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=False)),
-}
-
-
-# Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
-# graphs are checked against HF by the reference interpreter (tests/test_families.py).
-GRAPH_ONLY_FAMILIES = {
+    # embedding/residual/attention/logits multipliers (scale)
     "granite": ("GraniteConfig", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078,
                                       logits_scaling=8.0, tie_word_embeddings=True)),
+    # 1+w norms, GELU-tanh MLP (gelu_tanh_mul), sqrt(hidden) embeddings (scale), sandwich norms;
     # layer 0 local (window 6, base 10000), layer 1 global (base 1e6, linear scaling x2)
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
                                         query_pre_attn_scalar=24, rope_parameters={
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}
+
+
+# Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
+# graphs are checked against HF by the reference interpreter (tests/test_families.py).
+GRAPH_ONLY_FAMILIES = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
     "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                          shared_expert_intermediate_size=48, norm_topk_prob=False,
@@ -80,7 +82,8 @@ GRAPH_ONLY_FAMILIES = {
 
 # the families added with the checks of issue 23 (each is also in the TP, quantization and
 # fold tests of tests/test_families.py)
-NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3", "qwen3")
+NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3", "qwen3", "granite",
+                "gemma3")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:

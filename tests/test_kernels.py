@@ -328,6 +328,30 @@ def test_add_silu_mul_gather(tmp_path, isa, H):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("H", [40, 19])
+def test_gelu_tanh_mul_scale_sigmoid_gate(tmp_path, isa, H):
+    """gelu_tanh_mul, scale and sigmoid_gate_mul (Gemma 3, Granite, Qwen2-MoE) against their
+    NumPy references in plugins/ops.py, extreme gates included."""
+    rng = np.random.default_rng(5)
+    V = 30
+    table = (rng.standard_normal((V, 2 * H + 1)) * 4).astype(np.float32)
+    table[0, :4] = [-100.0, 100.0, 0.0, -20.0]
+    table[1, 2 * H] = -90.0
+    steps = [emb_step([0, 0, 2 * H + 1]),
+             step("gelu_tanh_mul", [[0, 0, H], [0, H, H]], [[1, 0, H]]),
+             step("scale", [[0, 0, H]], [[1, H, H]], attrs={"factor": 2.5}),
+             step("sigmoid_gate_mul", [[0, H, H], [0, 2 * H, 1]], [[1, 2 * H, H]])]
+    plan = make_plan([(2 * H + 1, "tokens"), (3 * H, "tokens")], steps, [1, 0, 3 * H], 3 * H)
+    tokens = np.concatenate([[0, 1], rng.integers(0, V, 12)])
+    out = build_and_run(tmp_path, plan, {"emb": (table, "float32", "row_major")}, tokens, isa)
+    x = table[tokens]
+    g, u, gate = x[:, :H], x[:, H:2 * H], x[:, 2 * H:]
+    np.testing.assert_allclose(out[:, :H], ops.ref_gelu_tanh_mul(g, u), rtol=tol.GELU_RTOL, atol=tol.GELU_ATOL)
+    np.testing.assert_allclose(out[:, H:2 * H], ops.ref_scale(g, 2.5), rtol=tol.ELEMENTWISE_RTOL, atol=0)
+    np.testing.assert_allclose(out[:, 2 * H:], ops.ref_sigmoid_gate_mul(u, gate), rtol=tol.SILU_RTOL, atol=1e-30)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("H,offset", [(64, 0.0), (37, 1.0)])
 def test_rms_norm(tmp_path, isa, H, offset):
     rng = np.random.default_rng(3)

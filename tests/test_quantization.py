@@ -107,7 +107,8 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                ("llama-yarn", QuantConfig("w8a16")), ("llama-dynamic", QuantConfig("w4a16", group_size=32)),
                ("seed-oss", QuantConfig("w4a16", group_size=32, zero_point=True)), ("smollm3", QuantConfig("w8a16")),
                ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32)),
-               ("qwen3", QuantConfig("w4a16", group_size=32))]
+               ("qwen3", QuantConfig("w4a16", group_size=32)), ("granite", QuantConfig("w8a16")),
+               ("gemma3", QuantConfig("w4a16", group_size=32))]
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,

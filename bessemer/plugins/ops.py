@@ -173,11 +173,11 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
     OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}),
     # gelu_tanh(gate) * up (Gemma's gated MLP)
-    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1", targets=()),
+    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1"),
     # x * factor (attrs factor): Gemma's sqrt(hidden) embeddings, Granite's multipliers
-    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}, targets=()),
+    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
     # y * sigmoid(g), g one column (Qwen2-MoE's shared expert gate)
-    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}, targets=()),
+    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}),
     # Mixture of experts: x (T, H) and router logits (T, E) -> (T, H). Weights: every
     # expert's [gate; up] rows stacked (E*2I, H) and its down rows (E*H, I); only the top_k
     # experts a token routes to are read; silu(gate) * up. attrs num_experts, top_k,

@@ -21,6 +21,7 @@ const KernelDef kKernels[] = {
     {kTarget, "embedding", 1, prepare_embedding, run_embedding},
     {kTarget, "embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
     {kTarget, "gather_rows", 1, prepare_gather_rows, run_gather_rows},
+    {kTarget, "gelu_tanh_mul", 1, prepare_gelu_tanh_mul, run_gelu_tanh_mul},
     {kTarget, "linear", 1, prepare_linear, run_linear},
     {kTarget, "linear_fp8", 1, prepare_linear_fp8, run_linear_fp8},
     {kTarget, "linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
@@ -30,6 +31,8 @@ const KernelDef kKernels[] = {
     {kTarget, "rms_norm", 1, prepare_rms_norm, run_rms_norm},
     {kTarget, "rms_norm_heads", 1, prepare_rms_norm_heads, run_rms_norm_heads},
     {kTarget, "rope", 1, prepare_rope, run_rope},
+    {kTarget, "scale", 1, prepare_scale, run_scale},
+    {kTarget, "sigmoid_gate_mul", 1, prepare_sigmoid_gate_mul, run_sigmoid_gate_mul},
     {kTarget, "silu_mul", 1, prepare_silu_mul, run_silu_mul},
 };
 
