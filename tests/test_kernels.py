@@ -351,6 +351,34 @@ def test_gelu_tanh_mul_scale_sigmoid_gate(tmp_path, isa, H):
     np.testing.assert_allclose(out[:, 2 * H:], ops.ref_sigmoid_gate_mul(u, gate), rtol=tol.SILU_RTOL, atol=1e-30)
 
 
+MOE_CASES = [  # (layout, activation, softmax_after_topk, norm_topk_prob, biases, first_expert, local_experts)
+    (0, 0, 0, 0, False, 0, 5), (0, 0, 0, 1, False, 0, 5),  # Qwen2-MoE, Mixtral / Qwen3-MoE
+    (1, 1, 1, 0, True, 0, 5), (1, 1, 1, 0, True, 2, 3)]  # gpt-oss, and one tensor-parallel rank's experts
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout,act,after,renorm,biases,first,local", MOE_CASES)
+def test_moe(tmp_path, isa, layout, act, after, renorm, biases, first, local):
+    """moe@1 against ops.ref_moe: routing (softmax then top-2 of 5, or softmax over the top-2
+    logits), both weight layouts and activations, biases, a rank holding experts 2..4 only."""
+    rng = np.random.default_rng(6)
+    H, I, E, k, V = 24, 12, 5, 2, 20  # token ids < V <= the logits width H
+    attrs = {"num_experts": E, "top_k": k, "expert_size": I, "softmax_after_topk": after, "norm_topk_prob": renorm,
+             "layout": layout, "activation": act, "first_expert": first, "local_experts": local}
+    shapes = ops.moe_weight_shapes(attrs, H)[:4 if biases else 2]
+    ws = [(rng.standard_normal(s) * 0.3).astype(np.float32) for s in shapes]
+    names = ["gu", "d", "gub", "db"][:len(ws)]
+    table = (rng.standard_normal((V, H + E)) * 2).astype(np.float32)
+    steps = [emb_step([0, 0, H + E]), step("moe", [[0, 0, H], [0, H, E]], [[1, 0, H]], names, attrs)]
+    plan = make_plan([(H + E, "tokens"), (H, "tokens")], steps, [1, 0, H], H)
+    tensors = {"emb": (table, "float32", "row_major"), **{n: (w, "float32", "row_major") for n, w in zip(names, ws)}}
+    tokens = rng.integers(0, V, 17)
+    out = build_and_run(tmp_path, plan, tensors, tokens, isa)
+    x = table[tokens]
+    ref = ops.ref_moe(x[:, :H], x[:, H:], ws, E, k, I, after, renorm, layout, act, first, local)
+    assert_close(out, ref, tol.MOE_RTOL, tol.MOE_ATOL, "moe")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("H,offset", [(64, 0.0), (37, 1.0)])
 def test_rms_norm(tmp_path, isa, H, offset):

@@ -187,7 +187,7 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); with
     # layout 1 under tensor parallelism, first_expert / local_experts: the experts this rank
     # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
-    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}, targets=()),
+    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}),
     # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
     OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.

@@ -28,6 +28,7 @@ const KernelDef kKernels[] = {
     {kTarget, "linear_w4a16", 2, prepare_linear_w4a16, run_linear_w4a16},
     {kTarget, "linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {kTarget, "linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
+    {kTarget, "moe", 1, prepare_moe, run_moe},
     {kTarget, "rms_norm", 1, prepare_rms_norm, run_rms_norm},
     {kTarget, "rms_norm_heads", 1, prepare_rms_norm_heads, run_rms_norm_heads},
     {kTarget, "rope", 1, prepare_rope, run_rope},
