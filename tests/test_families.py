@@ -388,3 +388,43 @@ def test_gpt_oss_mxfp4_checkpoint_reads_its_experts_dequantized(tiny_checkpoint,
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(interpret(graph, ckpt.get, ids) - ref).max() <= INTERPRETER_ATOL
+
+
+# ---------------------------------------------------------------- new-op families through run-engine
+
+RUN_ENGINE_FAMILIES = ["qwen3", "gemma3", "granite", "mixtral", "qwen2-moe", "qwen3-moe"]
+
+
+@pytest.mark.parametrize("kind", RUN_ENGINE_FAMILIES)
+def test_run_engine_chat_greedy_equals_hf(kind, smollm2_dir, tmp_path):
+    """`build-engine` and `run-engine --chat` on the cpu target for each family whose ops got
+    kernels: a tiny checkpoint of the family with SmolLM2's tokenizer and chat template (the
+    families' own templates need the model hub, which is not reachable here); the greedy
+    tokens run-engine prints equal HF generate's on the same templated ids."""
+    import shutil
+    import subprocess
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bessemer.runtime.tokenizer import Tokenizer
+
+    ckpt = make_tiny_checkpoint(kind, tmp_path / "hf", vocab_size=49152)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(smollm2_dir / name, ckpt / name)
+    engine = tmp_path / "engine"
+
+    def cli(*args):
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    cli("build-engine", str(ckpt), "-o", str(engine), "--max-seq-len", "256")
+    out = json.loads(cli("run-engine", str(engine), "--prompt", "What is 2+2?", "--chat", "--json",
+                         "--max-new-tokens", "8", "--ignore-eos", "-q").strip().splitlines()[-1])
+    ids = Tokenizer(engine).encode_chat([{"role": "user", "content": "What is 2+2?"}])
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(ids):].tolist()
+    assert out["num_prompt_tokens"] == len(ids) and out["token_ids"] == ref
