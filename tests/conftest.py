@@ -67,12 +67,6 @@ TINY_FAMILIES = {
                                          tie_word_embeddings=False)),
     "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
                                          norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
-}
-
-
-# Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
-# graphs are checked against HF by the reference interpreter (tests/test_families.py).
-GRAPH_ONLY_FAMILIES = {
     # alternating window 6 / full layers, yarn, sinks, clamped-swiglu experts with biases
     "gpt-oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=6,
                                      intermediate_size=64,  # MXFP4 blocks of 32 along K
@@ -82,17 +76,18 @@ GRAPH_ONLY_FAMILIES = {
                                                       "original_max_position_embeddings": 64})),
 }
 
+
 # the families added with the checks of issue 23 (each is also in the TP, quantization and
 # fold tests of tests/test_families.py)
 NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3", "qwen3", "granite",
-                "gemma3", "mixtral", "qwen2-moe", "qwen3-moe")
+                "gemma3", "mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
     import torch
     import transformers
 
-    config_cls, overrides = {**TINY_FAMILIES, **GRAPH_ONLY_FAMILIES}[kind]
+    config_cls, overrides = TINY_FAMILIES[kind]
     config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -491,8 +491,10 @@ class AttnCase:
     """Runs attention@1 over several steps and keeps a float64 reference of the KV history."""
 
     def __init__(self, tmp_path, isa, H, Hkv, D, window=0, block_size=16, kv_dtype="float32", threads=2,
-                 seq_max=(80, 80, 80), num_blocks=64, seed=0):
+                 seq_max=(80, 80, 80), num_blocks=64, seed=0, sinks=None):
+        """sinks: (H,) logits: runs attention_sinks@1 (one more softmax term per head, no value)."""
         self.rng = np.random.default_rng(seed)
+        self.sinks = sinks
         self.H, self.Hkv, self.D, self.window, self.bs = H, Hkv, D, window, block_size
         self.kv_dtype = kv_dtype
         W = (H + 2 * Hkv) * D
@@ -502,13 +504,17 @@ class AttnCase:
         attrs = {"layer": 1, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "scale": float(self.scale),
                  "sliding_window": window}
         q, k, v = [0, 0, H * D], [0, H * D, Hkv * D], [0, (H + Hkv) * D, Hkv * D]
-        steps = [emb_step([0, 0, W]), step("attention", [q, k, v], [[1, 0, H * D]], [], attrs)]
+        op, weights = ("attention", []) if sinks is None else ("attention_sinks", ["sinks"])
+        steps = [emb_step([0, 0, W]), step(op, [q, k, v], [[1, 0, H * D]], weights, attrs)]
         kv = {"num_layers": 2, "num_kv_heads": Hkv, "head_dim": D, "dtype": kv_dtype}
         if kv_dtype in KVQ_NAME:
             kv["scales"] = "dynamic_per_token_head_float32"
         plan = make_plan([(W, "tokens"), (H * D, "tokens")], steps, [1, 0, H * D], H * D, kv)
         self.tok_limit = min(self.V, H * D)
-        path = write_engine(tmp_path / "attn.engine", plan, {"emb": (self.table, "float32", "row_major")})
+        tensors = {"emb": (self.table, "float32", "row_major")}
+        if sinks is not None:
+            tensors["sinks"] = (np.asarray(sinks, np.float32), "float32", "row_major")
+        path = write_engine(tmp_path / "attn.engine", plan, tensors)
         self.file, self.ex = load(path, isa=isa, threads=threads, block_size=block_size, num_blocks=num_blocks)
         per_token = kv_bytes_per_token(2, Hkv, D, kv_dtype)  # the runtime's accounting, scales included
         assert self.ex.kv_cache_bytes == num_blocks * block_size * per_token
@@ -564,10 +570,21 @@ class AttnCase:
                     Vx = self._stored(Vv) if kv_round else Vv
                     for h in range(H):
                         sc = self.scale * (Kx[:, h // G] @ q[t + i, h])
-                        e = np.exp(sc - sc.max())
-                        dst[t + i, h] = (e / e.sum()) @ Vx[:, h // G]
+                        top = sc.max() if self.sinks is None else max(sc.max(), float(self.sinks[h]))
+                        e = np.exp(sc - top)
+                        sink = 0.0 if self.sinks is None else np.exp(float(self.sinks[h]) - top)
+                        dst[t + i, h] = (e / (e.sum() + sink)) @ Vx[:, h // G]
             t += n
         ref, ref_q = ref.reshape(T, H * D), ref_q.reshape(T, H * D)
+        if self.sinks is not None:  # the op's reference (plugins/ops.py) agrees with this one
+            s, p0, n = rows[-1]
+            p = p0 + n - 1
+            lo = max(0, p - self.window + 1) if self.window else 0
+            K = np.stack([self.hist[s][j][0] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            Vv = np.stack([self.hist[s][j][1] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            op_ref = ops.ref_attention(x[T - 1: T, : H * D], K, Vv, np.array([p]), np.arange(lo, p + 1), H, Hkv, D,
+                                       self.scale, self.window, sinks=np.asarray(self.sinks, np.float64))
+            np.testing.assert_allclose(op_ref[0], ref[T - 1], rtol=0, atol=1e-5)
         if self.kv_dtype in KVQ_NAME:  # the op's reference with the cache write's quantization agrees
             s, p0, n = rows[-1]
             p = p0 + n - 1
@@ -647,6 +664,23 @@ def test_attention_long_window(tmp_path, isa, kv_dtype):
     case.step([(0, 0, 130), (1, 0, 3)])
     case.step([(1, 3, 150), (0, 130, 70)])
     case.step([(0, 200, 1), (1, 153, 1)], drop_blocks_below_window=True)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_attention_sinks(tmp_path, isa, kv_dtype):
+    """attention_sinks@1 (gpt-oss): tiles, decode rows and a window, then decode rows split
+    across threads (the sink counted once when the chunks combine); sinks above and below
+    the scores."""
+    sinks = np.array([2.5, -1.0, 0.3, 6.0])
+    case = AttnCase(tmp_path, isa, 4, 2, 16, window=7, kv_dtype=kv_dtype, sinks=sinks)
+    for rows in MIXED:
+        case.step(rows)
+    (tmp_path / "split").mkdir()
+    split = AttnCase(tmp_path / "split", isa, 3, 1, 20, kv_dtype=kv_dtype, threads=3, seq_max=(1010, 10),
+                     num_blocks=70, seed=5, sinks=sinks[:3])
+    split.step([(0, 0, 1000), (1, 0, 2)])
+    split.step([(0, 1000, 1), (1, 2, 1)])
 
 
 def test_attention_missing_block_rejected(tmp_path):

@@ -110,10 +110,11 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                ("qwen3", QuantConfig("w4a16", group_size=32)), ("granite", QuantConfig("w8a16")),
                ("gemma3", QuantConfig("w4a16", group_size=32)),
                # MoE: attention (and Qwen3-MoE's dense layer 1) quantized; routers and experts in fp32
-               ("qwen3-moe", QuantConfig("w8a16")), ("mixtral", QuantConfig("w4a16", group_size=32))]
+               ("qwen3-moe", QuantConfig("w8a16")), ("mixtral", QuantConfig("w4a16", group_size=32)),
+               ("gpt-oss", QuantConfig("w8a16"))]
 # quantized linears besides lm_head: qkv, o, gate_up, down per layer, fewer where a layer's
 # MLP is a moe op (its experts and router are not linears the quantize pass stores quantized)
-QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2}
+QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2, "gpt-oss": 2 + 2}
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,

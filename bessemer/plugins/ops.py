@@ -189,7 +189,7 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
     OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}),
     # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
-    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
+    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
     # all_reduce: every rank's x replaced by the sum over ranks (in place).
     OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),

@@ -17,6 +17,8 @@ BESSEMER_KERNEL(all_gather)
 BESSEMER_KERNEL(all_reduce)
 BESSEMER_KERNEL(add_rms_norm)
 BESSEMER_KERNEL(attention)
+// attention_sinks@1 runs attention@1's run_attention (its prepare sets the sinks)
+void prepare_attention_sinks(KernelCall& c, const PlanInfo& p);
 BESSEMER_KERNEL(embedding)
 BESSEMER_KERNEL(embedding_w8a16)
 BESSEMER_KERNEL(gather_rows)

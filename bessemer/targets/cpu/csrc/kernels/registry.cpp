@@ -18,6 +18,7 @@ const KernelDef kKernels[] = {
     {kTarget, "all_gather", 1, prepare_all_gather, run_all_gather},
     {kTarget, "all_reduce", 1, prepare_all_reduce, run_all_reduce},
     {kTarget, "attention", 1, prepare_attention, run_attention},
+    {kTarget, "attention_sinks", 1, prepare_attention_sinks, run_attention},
     {kTarget, "embedding", 1, prepare_embedding, run_embedding},
     {kTarget, "embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
     {kTarget, "gather_rows", 1, prepare_gather_rows, run_gather_rows},
