@@ -101,6 +101,8 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    q.K^T) V over cached positions j of s with j <= p (and j > p - window
                    when sliding_window > 0); query head h reads KV head
                    h // (num_heads / num_kv_heads)
+    attention_sinks@1 as attention@1 with weights [sinks (f32 [num_heads])]: each head's
+                   softmax denominator also counts exp(sinks[h]) (a logit with no value; gpt-oss)
 
     all_reduce@1   ins [x]; outs [y] (may be x's view: in place); attrs tp_rank, tp_size
                    y = sum of x over the tensor-parallel ranks, accumulated in fp32 in rank
