@@ -51,25 +51,26 @@ TINY_FAMILIES = {
                                     "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                     "short_factor": [1.0, 1.3, 1.9, 2.6], "long_factor": [1.5, 2.0, 3.0, 4.0]},
                                 original_max_position_embeddings=64)),
-}
-
-
-# Families whose graphs need ops without cpu kernels yet (plugins/ops.py targets=()): their
-# graphs are checked against HF by the reference interpreter (tests/test_families.py).
-GRAPH_ONLY_FAMILIES = {
+    # per-head q/k RMSNorm (rms_norm_heads)
     "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=False)),
+    # embedding/residual/attention/logits multipliers (scale)
     "granite": ("GraniteConfig", dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078,
                                       logits_scaling=8.0, tie_word_embeddings=True)),
+    # 1+w norms, GELU-tanh MLP (gelu_tanh_mul), sqrt(hidden) embeddings (scale), sandwich norms;
     # layer 0 local (window 6, base 10000), layer 1 global (base 1e6, linear scaling x2)
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
                                         query_pre_attn_scalar=24, rope_parameters={
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # mixtures of experts (moe): softmax then top-2 of 4, renormalised or not; Qwen2-MoE's
+    # sigmoid-gated shared expert; Qwen3-MoE with a dense layer (mlp_only_layers)
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
     "qwen2-moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                          shared_expert_intermediate_size=48, norm_topk_prob=False,
                                          tie_word_embeddings=False)),
+    "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
+                                         norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
     # alternating window 6 / full layers, yarn, sinks, clamped-swiglu experts with biases
     "gpt-oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=6,
                                      intermediate_size=64,  # MXFP4 blocks of 32 along K
@@ -77,20 +78,20 @@ GRAPH_ONLY_FAMILIES = {
                                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                                                       "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                                       "original_max_position_embeddings": 64})),
-    "qwen3-moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
-                                         norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False)),
 }
+
 
 # the families added with the checks of issue 23 (each is also in the TP, quantization and
 # fold tests of tests/test_families.py)
-NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3")
+NEW_FAMILIES = ("llama-yarn", "llama-dynamic", "seed-oss", "smollm3", "olmo2", "phi3", "qwen3", "granite",
+                "gemma3", "mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss")
 
 
 def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
     import torch
     import transformers
 
-    config_cls, overrides = {**TINY_FAMILIES, **GRAPH_ONLY_FAMILIES}[kind]
+    config_cls, overrides = TINY_FAMILIES[kind]
     config = getattr(transformers, config_cls)(**{**TINY_BASE, **overrides, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

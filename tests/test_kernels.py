@@ -328,6 +328,58 @@ def test_add_silu_mul_gather(tmp_path, isa, H):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("H", [40, 19])
+def test_gelu_tanh_mul_scale_sigmoid_gate(tmp_path, isa, H):
+    """gelu_tanh_mul, scale and sigmoid_gate_mul (Gemma 3, Granite, Qwen2-MoE) against their
+    NumPy references in plugins/ops.py, extreme gates included."""
+    rng = np.random.default_rng(5)
+    V = 30
+    table = (rng.standard_normal((V, 2 * H + 1)) * 4).astype(np.float32)
+    table[0, :4] = [-100.0, 100.0, 0.0, -20.0]
+    table[1, 2 * H] = -90.0
+    steps = [emb_step([0, 0, 2 * H + 1]),
+             step("gelu_tanh_mul", [[0, 0, H], [0, H, H]], [[1, 0, H]]),
+             step("scale", [[0, 0, H]], [[1, H, H]], attrs={"factor": 2.5}),
+             step("sigmoid_gate_mul", [[0, H, H], [0, 2 * H, 1]], [[1, 2 * H, H]])]
+    plan = make_plan([(2 * H + 1, "tokens"), (3 * H, "tokens")], steps, [1, 0, 3 * H], 3 * H)
+    tokens = np.concatenate([[0, 1], rng.integers(0, V, 12)])
+    out = build_and_run(tmp_path, plan, {"emb": (table, "float32", "row_major")}, tokens, isa)
+    x = table[tokens]
+    g, u, gate = x[:, :H], x[:, H:2 * H], x[:, 2 * H:]
+    np.testing.assert_allclose(out[:, :H], ops.ref_gelu_tanh_mul(g, u), rtol=tol.GELU_RTOL, atol=tol.GELU_ATOL)
+    np.testing.assert_allclose(out[:, H:2 * H], ops.ref_scale(g, 2.5), rtol=tol.ELEMENTWISE_RTOL, atol=0)
+    np.testing.assert_allclose(out[:, 2 * H:], ops.ref_sigmoid_gate_mul(u, gate), rtol=tol.SILU_RTOL, atol=1e-30)
+
+
+MOE_CASES = [  # (layout, activation, softmax_after_topk, norm_topk_prob, biases, first_expert, local_experts)
+    (0, 0, 0, 0, False, 0, 5), (0, 0, 0, 1, False, 0, 5),  # Qwen2-MoE, Mixtral / Qwen3-MoE
+    (1, 1, 1, 0, True, 0, 5), (1, 1, 1, 0, True, 2, 3)]  # gpt-oss, and one tensor-parallel rank's experts
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout,act,after,renorm,biases,first,local", MOE_CASES)
+def test_moe(tmp_path, isa, layout, act, after, renorm, biases, first, local):
+    """moe@1 against ops.ref_moe: routing (softmax then top-2 of 5, or softmax over the top-2
+    logits), both weight layouts and activations, biases, a rank holding experts 2..4 only."""
+    rng = np.random.default_rng(6)
+    H, I, E, k, V = 24, 12, 5, 2, 20  # token ids < V <= the logits width H
+    attrs = {"num_experts": E, "top_k": k, "expert_size": I, "softmax_after_topk": after, "norm_topk_prob": renorm,
+             "layout": layout, "activation": act, "first_expert": first, "local_experts": local}
+    shapes = ops.moe_weight_shapes(attrs, H)[:4 if biases else 2]
+    ws = [(rng.standard_normal(s) * 0.3).astype(np.float32) for s in shapes]
+    names = ["gu", "d", "gub", "db"][:len(ws)]
+    table = (rng.standard_normal((V, H + E)) * 2).astype(np.float32)
+    steps = [emb_step([0, 0, H + E]), step("moe", [[0, 0, H], [0, H, E]], [[1, 0, H]], names, attrs)]
+    plan = make_plan([(H + E, "tokens"), (H, "tokens")], steps, [1, 0, H], H)
+    tensors = {"emb": (table, "float32", "row_major"), **{n: (w, "float32", "row_major") for n, w in zip(names, ws)}}
+    tokens = rng.integers(0, V, 17)
+    out = build_and_run(tmp_path, plan, tensors, tokens, isa)
+    x = table[tokens]
+    ref = ops.ref_moe(x[:, :H], x[:, H:], ws, E, k, I, after, renorm, layout, act, first, local)
+    assert_close(out, ref, tol.MOE_RTOL, tol.MOE_ATOL, "moe")
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("H,offset", [(64, 0.0), (37, 1.0)])
 def test_rms_norm(tmp_path, isa, H, offset):
     rng = np.random.default_rng(3)
@@ -342,6 +394,38 @@ def test_rms_norm(tmp_path, isa, H, offset):
     x = table[tokens].astype(np.float64)
     ref = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * (w + offset)
     np.testing.assert_allclose(out, ref, rtol=tol.NORM_RTOL, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("heads,d,offset,inplace", [(4, 16, 0.0, False), (3, 12, 1.0, True), (2, 37, 0.0, True)])
+def test_rms_norm_heads(tmp_path, isa, heads, d, offset, inplace):
+    """Each head of a column view (q inside a fused qkv row) normalised alone, one weight
+    for all heads, against ops.ref_rms_norm_heads; in place too (what the planner may choose)."""
+    rng = np.random.default_rng(4)
+    W, width = heads * d, heads * d + 5
+    table = (rng.standard_normal((20, width)) * 3).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    out_view = [0, 3, W] if inplace else [1, 1, W]
+    steps = [emb_step([0, 0, width]),
+             step("rms_norm_heads", [[0, 3, W]], [out_view], ["n"],
+                  {"num_heads": heads, "head_dim": d, "eps": 1e-5, "weight_offset": offset})]
+    plan = make_plan([(width, "tokens"), (W + 1, "tokens")], steps, [out_view[0], out_view[1], W], W)
+    tokens = rng.integers(0, 20, 33)
+    out = build_and_run(tmp_path, plan, {"emb": (table, "float32", "row_major"), "n": (w, "float32", "row_major")},
+                        tokens, isa)
+    ref = ops.ref_rms_norm_heads(table[tokens].astype(np.float64)[:, 3:3 + W], w.astype(np.float64), heads, d,
+                                 1e-5, offset)
+    np.testing.assert_allclose(out, ref, rtol=tol.NORM_RTOL, atol=1e-6)
+
+
+def test_rms_norm_heads_checks_its_heads(tmp_path):
+    steps = [emb_step([0, 0, 32]),
+             step("rms_norm_heads", [[0, 0, 32]], [[1, 0, 32]], ["n"], {"num_heads": 3, "head_dim": 8, "eps": 1e-5})]
+    plan = make_plan([(32, "tokens"), (32, "tokens")], steps, [1, 0, 32], 32)
+    tensors = {"emb": (np.ones((4, 32), np.float32), "float32", "row_major"),
+               "n": (np.ones(8, np.float32), "float32", "row_major")}
+    with pytest.raises(ValueError, match="num_heads x head_dim does not equal the row width 32"):
+        build_and_run(tmp_path, plan, tensors, [1, 2], "auto")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -407,8 +491,10 @@ class AttnCase:
     """Runs attention@1 over several steps and keeps a float64 reference of the KV history."""
 
     def __init__(self, tmp_path, isa, H, Hkv, D, window=0, block_size=16, kv_dtype="float32", threads=2,
-                 seq_max=(80, 80, 80), num_blocks=64, seed=0):
+                 seq_max=(80, 80, 80), num_blocks=64, seed=0, sinks=None):
+        """sinks: (H,) logits: runs attention_sinks@1 (one more softmax term per head, no value)."""
         self.rng = np.random.default_rng(seed)
+        self.sinks = sinks
         self.H, self.Hkv, self.D, self.window, self.bs = H, Hkv, D, window, block_size
         self.kv_dtype = kv_dtype
         W = (H + 2 * Hkv) * D
@@ -418,13 +504,17 @@ class AttnCase:
         attrs = {"layer": 1, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "scale": float(self.scale),
                  "sliding_window": window}
         q, k, v = [0, 0, H * D], [0, H * D, Hkv * D], [0, (H + Hkv) * D, Hkv * D]
-        steps = [emb_step([0, 0, W]), step("attention", [q, k, v], [[1, 0, H * D]], [], attrs)]
+        op, weights = ("attention", []) if sinks is None else ("attention_sinks", ["sinks"])
+        steps = [emb_step([0, 0, W]), step(op, [q, k, v], [[1, 0, H * D]], weights, attrs)]
         kv = {"num_layers": 2, "num_kv_heads": Hkv, "head_dim": D, "dtype": kv_dtype}
         if kv_dtype in KVQ_NAME:
             kv["scales"] = "dynamic_per_token_head_float32"
         plan = make_plan([(W, "tokens"), (H * D, "tokens")], steps, [1, 0, H * D], H * D, kv)
         self.tok_limit = min(self.V, H * D)
-        path = write_engine(tmp_path / "attn.engine", plan, {"emb": (self.table, "float32", "row_major")})
+        tensors = {"emb": (self.table, "float32", "row_major")}
+        if sinks is not None:
+            tensors["sinks"] = (np.asarray(sinks, np.float32), "float32", "row_major")
+        path = write_engine(tmp_path / "attn.engine", plan, tensors)
         self.file, self.ex = load(path, isa=isa, threads=threads, block_size=block_size, num_blocks=num_blocks)
         per_token = kv_bytes_per_token(2, Hkv, D, kv_dtype)  # the runtime's accounting, scales included
         assert self.ex.kv_cache_bytes == num_blocks * block_size * per_token
@@ -480,10 +570,21 @@ class AttnCase:
                     Vx = self._stored(Vv) if kv_round else Vv
                     for h in range(H):
                         sc = self.scale * (Kx[:, h // G] @ q[t + i, h])
-                        e = np.exp(sc - sc.max())
-                        dst[t + i, h] = (e / e.sum()) @ Vx[:, h // G]
+                        top = sc.max() if self.sinks is None else max(sc.max(), float(self.sinks[h]))
+                        e = np.exp(sc - top)
+                        sink = 0.0 if self.sinks is None else np.exp(float(self.sinks[h]) - top)
+                        dst[t + i, h] = (e / (e.sum() + sink)) @ Vx[:, h // G]
             t += n
         ref, ref_q = ref.reshape(T, H * D), ref_q.reshape(T, H * D)
+        if self.sinks is not None:  # the op's reference (plugins/ops.py) agrees with this one
+            s, p0, n = rows[-1]
+            p = p0 + n - 1
+            lo = max(0, p - self.window + 1) if self.window else 0
+            K = np.stack([self.hist[s][j][0] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            Vv = np.stack([self.hist[s][j][1] for j in range(lo, p + 1)]).reshape(p + 1 - lo, -1)
+            op_ref = ops.ref_attention(x[T - 1: T, : H * D], K, Vv, np.array([p]), np.arange(lo, p + 1), H, Hkv, D,
+                                       self.scale, self.window, sinks=np.asarray(self.sinks, np.float64))
+            np.testing.assert_allclose(op_ref[0], ref[T - 1], rtol=0, atol=1e-5)
         if self.kv_dtype in KVQ_NAME:  # the op's reference with the cache write's quantization agrees
             s, p0, n = rows[-1]
             p = p0 + n - 1
@@ -563,6 +664,23 @@ def test_attention_long_window(tmp_path, isa, kv_dtype):
     case.step([(0, 0, 130), (1, 0, 3)])
     case.step([(1, 3, 150), (0, 130, 70)])
     case.step([(0, 200, 1), (1, 153, 1)], drop_blocks_below_window=True)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_attention_sinks(tmp_path, isa, kv_dtype):
+    """attention_sinks@1 (gpt-oss): tiles, decode rows and a window, then decode rows split
+    across threads (the sink counted once when the chunks combine); sinks above and below
+    the scores."""
+    sinks = np.array([2.5, -1.0, 0.3, 6.0])
+    case = AttnCase(tmp_path, isa, 4, 2, 16, window=7, kv_dtype=kv_dtype, sinks=sinks)
+    for rows in MIXED:
+        case.step(rows)
+    (tmp_path / "split").mkdir()
+    split = AttnCase(tmp_path / "split", isa, 3, 1, 20, kv_dtype=kv_dtype, threads=3, seq_max=(1010, 10),
+                     num_blocks=70, seed=5, sinks=sinks[:3])
+    split.step([(0, 0, 1000), (1, 0, 2)])
+    split.step([(0, 1000, 1), (1, 2, 1)])
 
 
 def test_attention_missing_block_rejected(tmp_path):

@@ -106,7 +106,15 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                # one weight-only mode for each family added with issue 23
                ("llama-yarn", QuantConfig("w8a16")), ("llama-dynamic", QuantConfig("w4a16", group_size=32)),
                ("seed-oss", QuantConfig("w4a16", group_size=32, zero_point=True)), ("smollm3", QuantConfig("w8a16")),
-               ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32))]
+               ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32)),
+               ("qwen3", QuantConfig("w4a16", group_size=32)), ("granite", QuantConfig("w8a16")),
+               ("gemma3", QuantConfig("w4a16", group_size=32)),
+               # MoE: attention (and Qwen3-MoE's dense layer 1) quantized; routers and experts in fp32
+               ("qwen3-moe", QuantConfig("w8a16")), ("mixtral", QuantConfig("w4a16", group_size=32)),
+               ("gpt-oss", QuantConfig("w8a16"))]
+# quantized linears besides lm_head: qkv, o, gate_up, down per layer, fewer where a layer's
+# MLP is a moe op (its experts and router are not linears the quantize pass stores quantized)
+QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2, "gpt-oss": 2 + 2}
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,
@@ -120,7 +128,7 @@ def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     report = json.loads((engine / "build_report.json").read_text())
     # qkv, o, gate_up, down per layer, and lm_head (int8) unless lm_head="none"
-    assert len(report["quant_error"]) == 2 * 4 + (quant.lm_head == "int8")
+    assert len(report["quant_error"]) == QUANTIZED_LINEARS.get(kind, 2 * 4) + (quant.lm_head == "int8")
     plan_ops = {s["op"] for s in json.loads(_C_header(engine))["plan"]["steps"]}
     tied = json.loads((ckpt / "config.json").read_text()).get("tie_word_embeddings", False)
     tied_int8 = tied and quant.lm_head == "int8"

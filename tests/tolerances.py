@@ -17,6 +17,14 @@ ELEMENTWISE_RTOL = 1e-6
 # rms_norm@1 / add_rms_norm@1 / silu_mul@1 (fp32 math, vector exp).
 NORM_RTOL = 1e-5
 SILU_RTOL = 1e-5
+# gelu_tanh_mul@1 (g / (1 + exp(-2z)) with the vector exp): per element, plus an absolute
+# floor for gates whose GELU underflows to ~0 (the reference keeps ~1e-30 there).
+GELU_RTOL = 1e-5
+GELU_ATOL = 1e-6
+# moe@1 (fp32 expert GEMVs over H and I terms, routing weights in float64, then fp32),
+# norm-relative over the whole output.
+MOE_RTOL = 1e-5
+MOE_ATOL = 1e-6
 # rope@1: fp32 angle, cos/sin correctly rounded, fp32 products.
 ROPE_ATOL = 2e-6
 # attention@1 with a float32 KV cache.

@@ -131,7 +131,7 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     if dump_ir and build.tp_size > 1:
         dump_ir = Path(dump_ir) / f"rank{build.tp_rank}"
     graph, applied = run_passes(graph, build, Path(dump_ir) if dump_ir else None)
-    attn = next((n for n in graph.nodes if n.op == "attention"), None)
+    attn = next((n for n in graph.nodes if n.op in ("attention", "attention_sinks")), None)
     kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
     kv = kv_cache_section(cfg.num_hidden_layers, kv_heads, cfg.head_dim, build.resolved_kv_dtype)
     return graph, applied, get_target(build.target).lower(graph, build, kv)

@@ -34,7 +34,8 @@ class CalibrationResult:
         the input's Hessian when GPTQ chooses its codes (cached statistics may hold
         Hessians a build does not use: an int8 lm_head is round to nearest), its max |x|
         (fp8's static input scale), SmoothQuant's kernel 1/s."""
-        stats = self.stats.get(self.weight_keys.get(parts[0]), {})
+        key = self.weight_keys.get(parts[0])
+        stats = self.stats.get(key, {}) if key else {}
         return WeightCalibration(
             hessian=stats["hessian"] if self.gptq and fmt.gptq_codes else None,
             act_order=self.act_order,

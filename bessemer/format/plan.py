@@ -42,6 +42,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
     add_rms_norm@1 ins [x, residual]; outs [y, residual_out]; weights [w]; attrs eps, weight_offset
                    residual_out = x + residual; y = rms_norm(residual_out)
                    (residual_out may be the same view as residual: in place)
+    rms_norm_heads@1 ins [x]; outs [y]; weights [w ([head_dim])]; attrs num_heads, head_dim,
+                   eps, weight_offset; each head's head_dim columns of x normalised as
+                   rms_norm, one weight for every head (Qwen3, Gemma 3 q/k norms)
     add@1          ins [a, b]; outs [c]; c = a + b
     linear@1       ins [x]; outs [y]; weights [w ([N, K] panel16, f32 or bf16), bias?]
                    y = x @ w.T (+ bias, [N] row_major f32); rows = out's row kind
@@ -75,6 +78,15 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    rounds to nearest even on the OCP E4M3FN grid and saturates at +-448
                    (quantization/fp8.py); fp32 accumulation of exact E4M3 products
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
+    gelu_tanh_mul@1 ins [gate, up]; outs [h]; h = gelu_tanh(gate) * up (Gemma's MLP)
+    scale@1        ins [x]; outs [y]; attrs factor; y = x * factor (Gemma's embeddings, Granite)
+    sigmoid_gate_mul@1 ins [y, g (one column)]; outs [o]; o = y * sigmoid(g) (Qwen2-MoE's shared expert)
+    moe@1          ins [x, router_logits ([E] wide)]; outs [y]; weights [gate_up, down,
+                   (gate_up_bias, down_bias)?] (f32 row_major, shapes by layout as
+                   plugins/ops.py moe_weight_shapes); attrs num_experts, top_k, expert_size,
+                   softmax_after_topk, norm_topk_prob, layout, activation, first_expert,
+                   local_experts; per token the top_k experts (routed as transformers does)
+                   y = sum_e p_e * down_e(act(gate_e x, up_e x)); only routed experts are read
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];
                    attrs num_heads, num_kv_heads, head_dim, rotary_dim, attention_scaling
@@ -89,6 +101,8 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    q.K^T) V over cached positions j of s with j <= p (and j > p - window
                    when sliding_window > 0); query head h reads KV head
                    h // (num_heads / num_kv_heads)
+    attention_sinks@1 as attention@1 with weights [sinks (f32 [num_heads])]: each head's
+                   softmax denominator also counts exp(sinks[h]) (a logit with no value; gpt-oss)
 
     all_reduce@1   ins [x]; outs [y] (may be x's view: in place); attrs tp_rank, tp_size
                    y = sum of x over the tensor-parallel ranks, accumulated in fp32 in rank

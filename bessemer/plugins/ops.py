@@ -171,13 +171,13 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # RMSNorm of each head of a (T, num_heads * head_dim) value, one (head_dim,) weight for
     # all heads (Qwen3, Gemma 3 q/k norms); attrs num_heads, head_dim, eps, weight_offset,
     # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
-    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}, targets=()),
+    OpDecl("rms_norm_heads", 1, 1, 1, ("weight",), _heads_norm, {0: 0}),
     # gelu_tanh(gate) * up (Gemma's gated MLP)
-    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1", targets=()),
+    OpDecl("gelu_tanh_mul", 1, 2, 1, (), _same, {}, channel_scale="input1"),
     # x * factor (attrs factor): Gemma's sqrt(hidden) embeddings, Granite's multipliers
-    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}, targets=()),
+    OpDecl("scale", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),
     # y * sigmoid(g), g one column (Qwen2-MoE's shared expert gate)
-    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}, targets=()),
+    OpDecl("sigmoid_gate_mul", 1, 2, 1, (), _gate_column, {}),
     # Mixture of experts: x (T, H) and router logits (T, E) -> (T, H). Weights: every
     # expert's [gate; up] rows stacked (E*2I, H) and its down rows (E*H, I); only the top_k
     # experts a token routes to are read; silu(gate) * up. attrs num_experts, top_k,
@@ -187,9 +187,9 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); with
     # layout 1 under tensor parallelism, first_expert / local_experts: the experts this rank
     # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
-    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}, targets=()),
+    OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}),
     # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
-    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}, targets=()),
+    OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}),
     # Tensor parallelism (builder/passes/shard_tensor_parallel.py). attrs tp_size, tp_rank.
     # all_reduce: every rank's x replaced by the sum over ranks (in place).
     OpDecl("all_reduce", 1, 1, 1, (), lambda i, a, w: [i[0]], {0: 0}),

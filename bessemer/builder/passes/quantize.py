@@ -6,6 +6,8 @@ weights are quantized by that format while they are packed (builder/weights.py) 
 target's lowering picks the kernel that reads it. Exclusions are fnmatch patterns on node
 names (HF module paths). A w8a8 (SmoothQuant) linear whose input comes from attention (no
 producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 1/s.
+A MoE router (the linear feeding a moe op's router logits) stays in floating point; the
+experts themselves are stored float32 by the cpu target (no quantized moe kernel yet).
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
 the mode's scheme (see quantization/config.py). A table the embedding gathers from (tied
@@ -27,10 +29,14 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
         return graph
     gathered = {w.name for n in graph.nodes if n.op == "embedding" for w in n.weights}
     producer = {out: m.op for m in graph.nodes for out in m.outputs}
+    # a MoE router's logits pick experts: a quantization error there changes which experts a
+    # token reads (a discontinuity, for a weight of only num_experts rows), so routers stay
+    # in floating point, as quantized MoE checkpoints keep them
+    router_logits = {m.inputs[1] for m in graph.nodes if m.op == "moe"}
     nodes, table_quant = [], {}
     for n in graph.nodes:
         excluded = any(fnmatch(n.name, pat) or fnmatch(n.name, pat + ".*") for pat in q.exclude_modules)
-        if n.op != "linear" or excluded:
+        if n.op != "linear" or excluded or n.outputs[0] in router_logits:
             nodes.append(n)
             continue
         w = n.weights[0]

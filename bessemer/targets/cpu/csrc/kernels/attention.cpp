@@ -40,6 +40,7 @@ struct AttnParams {
     bool dec512;  // decode inner loops in AVX-512 (CPU has it, head_dim % 16 == 0)
     int64_t window, row_elems;
     float scale;
+    const float* sinks;  // (H) learned logits counted in each head's softmax denominator, or null
     const void* Kc;
     const void* Vc;
     const float* Ks;  // per (slot, KV head) scales of a one-byte cache, else null
@@ -219,11 +220,14 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
             _mm256_store_ps(Ot + d0 * kLanes + 8, a1);
         }
     }
-    alignas(32) float lsum[kLanes];
+    alignas(32) float lsum[kLanes], lmax[kLanes];
     _mm256_store_ps(lsum, l0);
     _mm256_store_ps(lsum + 8, l1);
+    _mm256_store_ps(lmax, m0);
+    _mm256_store_ps(lmax + 8, m1);
     for (int lane = 0; lane < R; ++lane) {
-        const float inv = 1.0f / lsum[lane];
+        const float sink = P.sinks ? std::exp(P.sinks[h_l[lane]] - lmax[lane]) : 0.0f;
+        const float inv = 1.0f / (lsum[lane] + sink);
         float* orow = P.o + t_l[lane] * P.ldo + int64_t(h_l[lane]) * D;
         for (int d = 0; d < D; ++d) orow[d] = Ot[d * kLanes + lane] * inv;
     }
@@ -423,7 +427,8 @@ void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, i
             pp[1] = sum[h];
             std::memcpy(pp + 2, ah, sizeof(float) * D);
         } else {
-            const float inv = 1.0f / sum[h];
+            const float sink = P.sinks ? std::exp(P.sinks[h] - mx[h]) : 0.0f;
+            const float inv = 1.0f / (sum[h] + sink);
             float* orow = P.o + t * P.ldo + int64_t(h) * D;
             for (int d = 0; d < D; ++d) orow[d] = ah[d] * inv;
         }
@@ -440,6 +445,7 @@ void attend(const KernelCall& c, const StepContext& ctx) {
     P.D = a.D;
     P.window = a.window;
     P.scale = a.scale;
+    P.sinks = a.sinks ? static_cast<const float*>(c.weights[0]->data) : nullptr;
     P.G = P.H / P.Hkv;
     P.bs = ctx.block_size;
     P.B = ctx.B;
@@ -562,6 +568,7 @@ void attend(const KernelCall& c, const StepContext& ctx) {
                     l += pc[1] * f;
                     for (int d = 0; d < D; ++d) orow[d] += pc[2 + d] * f;
                 }
+                if (P.sinks) l += std::exp(P.sinks[h] - M);  // once, after the chunks
                 const float inv = 1.0f / l;
                 for (int d = 0; d < D; ++d) orow[d] *= inv;
             }

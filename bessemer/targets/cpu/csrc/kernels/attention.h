@@ -1,4 +1,4 @@
-// attention@1's parameters and tile constants, shared by its prepare (attention_prepare.cpp)
+// attention@1's (and attention_sinks@1's) parameters and tile constants, shared by its prepare (attention_prepare.cpp)
 // and its run (attention.cpp).
 #pragma once
 
@@ -15,6 +15,7 @@ struct AttentionParams : KernelParams {
     int layer, H, Hkv, D;
     int64_t window;  // 0: none
     float scale;
+    bool sinks = false;  // attention_sinks@1: weight 0 holds one learned logit per query head
 };
 
 }  // namespace bessemer

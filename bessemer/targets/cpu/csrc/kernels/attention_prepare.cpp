@@ -7,8 +7,9 @@
 
 namespace bessemer {
 
-void prepare_attention(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 3, 1, 0, 0);
+namespace {
+
+AttentionParams& prepare_common(KernelCall& c, const PlanInfo& p) {
     if (same_rows(c, p) != ROWS_TOKENS) kernel_error(c, "operands must be tokens buffers");
     const int64_t layer = attr_int(c, "layer"), H = attr_int(c, "num_heads");
     const int64_t Hkv = attr_int(c, "num_kv_heads"), D = attr_int(c, "head_dim");
@@ -48,6 +49,23 @@ void prepare_attention(KernelCall& c, const PlanInfo& p) {
     n.shared_floats_per_thread_pair = 8 * H * (D + 2);
     n.ints_per_seq = 1;  // tile prefix sums
     n.ints_per_row = 1;  // decode rows
+    return a;
+}
+
+}  // namespace
+
+void prepare_attention(KernelCall& c, const PlanInfo& p) {
+    expect_arity(c, 3, 1, 0, 0);
+    prepare_common(c, p);
+}
+
+// attention_sinks@1: attention@1 whose softmax denominator also counts exp(sinks[h]) (a
+// logit with no value: gpt-oss). The same paths; only the final normalisation changes.
+void prepare_attention_sinks(KernelCall& c, const PlanInfo& p) {
+    expect_arity(c, 3, 1, 1, 1);
+    AttentionParams& a = prepare_common(c, p);
+    expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(a.H)});
+    a.sinks = true;
 }
 
 }  // namespace bessemer

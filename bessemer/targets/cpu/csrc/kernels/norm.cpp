@@ -1,4 +1,4 @@
-// rms_norm@1 and add_rms_norm@1 (fp32 accumulation, float32 row_major weights).
+// rms_norm@1, add_rms_norm@1 and rms_norm_heads@1 (fp32 accumulation, float32 row_major weights).
 #include <cmath>
 
 #include "kernels.h"
@@ -41,13 +41,15 @@ inline void rms_row(const float* x, float* y, const float* w, int H, float eps, 
 
 struct NormParams : KernelParams {
     float eps, offset;  // eps, weight_offset
+    int heads = 1;      // rms_norm_heads: num_heads (each of width head_dim normalised alone)
 };
 
-void prepare_norm_common(KernelCall& c, int H) {
+NormParams& prepare_norm_common(KernelCall& c, int H) {
     NormParams& a = c.set_params<NormParams>();
     a.eps = float(attr(c, "eps"));
     a.offset = float(attr_or(c, "weight_offset", 0.0));
     expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(H)});
+    return a;
 }
 
 }  // namespace
@@ -111,6 +113,33 @@ void run_add_rms_norm(const KernelCall& c, const StepContext& ctx) {
         for (; i < H; ++i) ror[i] = xr[i] + rr[i];
         rms_row(ror, y + r * ldy, w, H, eps, off);
     }
+}
+
+// Each head of a (T, num_heads * head_dim) row normalised alone, one (head_dim,) weight for
+// every head (Qwen3's and Gemma 3's q/k norms). y may be x (in place).
+void prepare_rms_norm_heads(KernelCall& c, const PlanInfo& p) {
+    expect_arity(c, 1, 1, 1, 1);
+    same_rows(c, p);
+    const int W = c.outs[0].width;
+    expect_width(c, c.ins[0], W, "x");
+    if (views_overlap(c.ins[0], c.outs[0]) && c.ins[0].col != c.outs[0].col)
+        kernel_error(c, "output view partially overlaps the input view");
+    const int heads = int(attr(c, "num_heads")), d = int(attr(c, "head_dim"));
+    if (heads <= 0 || d <= 0 || int64_t(heads) * d != W)
+        kernel_error(c, "num_heads x head_dim does not equal the row width " + std::to_string(W));
+    prepare_norm_common(c, d).heads = heads;
+}
+
+void run_rms_norm_heads(const KernelCall& c, const StepContext& ctx) {
+    const NormParams& a = c.get<NormParams>();
+    const int rows = ctx.rows(c.rows), W = c.outs[0].width, d = W / a.heads;
+    const float* x = ctx.ptr(c.ins[0]);
+    float* y = ctx.ptr(c.outs[0]);
+    const int64_t ldx = ctx.ld(c.ins[0]), ldy = ctx.ld(c.outs[0]);
+    const float* w = static_cast<const float*>(c.weights[0]->data);
+#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
+    for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < a.heads; ++h) rms_row(x + r * ldx + h * d, y + r * ldy + h * d, w, d, a.eps, a.offset);
 }
 
 }  // namespace bessemer
