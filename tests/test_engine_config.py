@@ -44,3 +44,14 @@ def test_a_rank_file_that_is_a_link_out_of_the_engine_is_refused(tiny_engine, tm
     (d / "rank0.engine").symlink_to("/dev/zero")
     with pytest.raises(EngineLoadError, match="not a regular file inside"):
         Engine.load(d)
+
+
+def test_inspect_reports_a_damaged_rank_file_as_damaged(tiny_engine, tmp_path):
+    d = _damaged(tiny_engine, tmp_path, lambda c: None)
+    rank = d / "rank0.engine"
+    data = bytearray(rank.read_bytes())
+    data[-100] ^= 0xFF  # one weight byte
+    rank.write_bytes(bytes(data))
+    assert_clean_error(run("bessemer", "inspect", str(d)), "corrupt")
+    rank.write_bytes(bytes(data[:len(data) // 2]))  # truncated
+    assert_clean_error(run("bessemer", "inspect", str(d)), "truncated")

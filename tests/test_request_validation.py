@@ -42,3 +42,8 @@ def test_a_refused_prompt_leaves_the_others_unqueued(tiny_engine):
 @pytest.mark.parametrize("flag, value, needle", [("--temperature", "nan", "temperature"), ("--seed", "-1", "seed")])
 def test_run_engine_refuses_bad_sampling_flags(tiny_engine, flag, value, needle):
     assert_clean_error(run("run-engine", str(tiny_engine("llama-untied")), "--prompt", "x", flag, value), needle)
+
+
+def test_an_absurd_thread_count_is_refused(tiny_engine):
+    with pytest.raises(InvalidOptionError, match="--threads 10000"):
+        LLM(tiny_engine("llama-untied"), num_threads=10000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from bessemer.errors import EngineLoadError
 from bessemer.format.container import read_rank_header
 from bessemer.runtime.engine import Engine
 
@@ -14,25 +15,33 @@ COMMON_KEYS = ("bessemer_format", "bessemer_version", "target", "model", "build"
                "plugins", "passes", "ranks", "tokenizer_files")
 
 
+def _rank_row(entry: dict, major: int, minor: int, header: dict) -> dict:
+    plan = header["plan"]
+    steps = plan["forward"] if header.get("target") == "cuda" else plan["steps"]
+    return {
+        "file": entry["file"], "size_bytes": entry["size"], "sha256": entry["sha256"],
+        "format": f"{major}.{minor}", "num_tensors": len(header["tensors"]),
+        "num_kernel_calls": len(steps), "num_buffers": len(plan["buffers"]),
+        "kernel_calls": dict(Counter(f"{s['op']}@{s.get('version', 1)}" for s in steps)),
+        "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
+        **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]]} if "kernels" in header else {}),
+    }
+
+
 def describe(engine_dir: str | Path) -> dict:
     d = Path(engine_dir)
     config = Engine.read_config(d)
     ranks = []
-    for entry in config["ranks"]:
-        major, minor, header, data_offset = read_rank_header(d / entry["file"])
-        plan = header["plan"]
-        by_dtype = Counter()
-        for t in header["tensors"]:
-            by_dtype[t["dtype"]] += t["nbytes"]
-        steps = plan["forward"] if header.get("target") == "cuda" else plan["steps"]
-        ranks.append({
-            "file": entry["file"], "size_bytes": entry["size"], "sha256": entry["sha256"],
-            "format": f"{major}.{minor}", "num_tensors": len(header["tensors"]),
-            "num_kernel_calls": len(steps), "num_buffers": len(plan["buffers"]),
-            "kernel_calls": dict(Counter(f"{s['op']}@{s.get('version', 1)}" for s in steps)),
-            "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
-            **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]]} if "kernels" in header else {}),
-        })
+    for rank, entry in enumerate(config["ranks"]):
+        # what the loader checks (present, size, sha256, header format): a damaged engine is
+        # reported as damaged, not described as if it were fine
+        header = Engine.load(d, rank=rank).header
+        major, minor, _, _ = read_rank_header(d / entry["file"])
+        try:
+            ranks.append(_rank_row(entry, major, minor, header))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise EngineLoadError(f"rank file {d / entry['file']} has a malformed header ({type(e).__name__}: {e}); "
+                                  "rebuild the engine") from None
     report = d / "build_report.json"
     quant_error = {}
     if report.exists():

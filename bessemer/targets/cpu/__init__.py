@@ -14,6 +14,8 @@ from bessemer.errors import EngineLoadError, InvalidOptionError
 from bessemer.targets import LoweredRank, OpenedExecutor, RunOptions, Target
 
 ISA_BASELINE = "avx2"
+# more threads than this per core only adds contention (and 10000 threads exhaust the process)
+MAX_THREADS_PER_CORE = 8
 # ISA name -> cpu_features() flags it needs
 ISA_FEATURES = {"avx2": ("avx2", "fma"), "avx512": ("avx512f", "avx512bw", "avx512vl")}
 
@@ -72,7 +74,11 @@ class CpuTarget(Target):
         build = engine.build
         tp_size = int(engine.config.get("mapping", {}).get("tp_size", 1))
         block_size, max_seq_len = int(build["kv_block_size"]), int(build["max_seq_len"])
-        threads = options.num_threads or max(1, _default_threads() // tp_size)
+        cores = _default_threads()
+        if options.num_threads is not None and not 0 < options.num_threads <= MAX_THREADS_PER_CORE * cores:
+            raise InvalidOptionError(f"--threads {options.num_threads} is not a thread count for this machine's {cores} "
+                                     f"cores; use 1 to {MAX_THREADS_PER_CORE * cores} (default: the cores / ranks)")
+        threads = options.num_threads or max(1, cores // tp_size)
         blocks = pool_size(engine.kv_bytes_per_token(), block_size, max_seq_len, int(build["max_batch_size"]),
                            options.kv_cache_gib)
         if tp_size > 1:
