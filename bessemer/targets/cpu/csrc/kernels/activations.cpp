@@ -10,15 +10,6 @@ using namespace simd;
 
 namespace {
 
-inline bool worth_threads(int64_t rows, int64_t width, int nthreads) {
-    return nthreads > 1 && rows > 1 && rows * width >= 32768;
-}
-
-void check_inplace_or_disjoint(const KernelCall& c, const ViewRef& out, const ViewRef& in) {
-    if (views_overlap(out, in) && !(out.buf == in.buf && out.col == in.col))
-        kernel_error(c, "output view partially overlaps an input view");
-}
-
 // gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed as
 // g / (1 + exp(-2z)) (the same value; no cancellation in 1 + tanh near -1).
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -36,15 +27,7 @@ struct ScaleParams : KernelParams {
 }  // namespace
 
 // ---------------------------------------------------------------- gelu_tanh_mul@1
-void prepare_gelu_tanh_mul(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 2, 1, 0, 0);
-    same_rows(c, p);
-    const int w = c.outs[0].width;
-    expect_width(c, c.ins[0], w, "gate");
-    expect_width(c, c.ins[1], w, "up");
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[0]);
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[1]);
-}
+void prepare_gelu_tanh_mul(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "gate", "up"); }
 
 void run_gelu_tanh_mul(const KernelCall& c, const StepContext& ctx) {
     const int rows = ctx.rows(c.rows), W = c.outs[0].width;

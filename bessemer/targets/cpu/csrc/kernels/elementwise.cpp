@@ -10,28 +10,10 @@ using namespace simd;
 
 namespace {
 
-// Parallelise row loops only when the work is worth a fork/join.
-inline bool worth_threads(int64_t rows, int64_t width, int nthreads) {
-    return nthreads > 1 && rows > 1 && rows * width >= 32768;
-}
-
-void check_inplace_or_disjoint(const KernelCall& c, const ViewRef& out, const ViewRef& in) {
-    if (views_overlap(out, in) && !(out.buf == in.buf && out.col == in.col))
-        kernel_error(c, "output view partially overlaps an input view");
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- add@1
-void prepare_add(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 2, 1, 0, 0);
-    same_rows(c, p);
-    int w = c.outs[0].width;
-    expect_width(c, c.ins[0], w, "a");
-    expect_width(c, c.ins[1], w, "b");
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[0]);
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[1]);
-}
+void prepare_add(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "a", "b"); }
 
 void run_add(const KernelCall& c, const StepContext& ctx) {
     const int rows = ctx.rows(c.rows), W = c.outs[0].width;
@@ -52,15 +34,7 @@ void run_add(const KernelCall& c, const StepContext& ctx) {
 }
 
 // ---------------------------------------------------------------- silu_mul@1
-void prepare_silu_mul(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 2, 1, 0, 0);
-    same_rows(c, p);
-    int w = c.outs[0].width;
-    expect_width(c, c.ins[0], w, "gate");
-    expect_width(c, c.ins[1], w, "up");
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[0]);
-    check_inplace_or_disjoint(c, c.outs[0], c.ins[1]);
-}
+void prepare_silu_mul(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "gate", "up"); }
 
 void run_silu_mul(const KernelCall& c, const StepContext& ctx) {
     const int rows = ctx.rows(c.rows), W = c.outs[0].width;

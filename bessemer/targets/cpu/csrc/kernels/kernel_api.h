@@ -181,6 +181,15 @@ int64_t attr_int(const KernelCall& c, const char* name);             // required
 void expect_weight(const KernelCall& c, size_t i, std::initializer_list<int> dtypes,
                    std::initializer_list<int> layouts, std::vector<int64_t> shape);
 bool views_overlap(const ViewRef& a, const ViewRef& b);
+// `out` either is `in` (in place) or does not touch it.
+void check_inplace_or_disjoint(const KernelCall& c, const ViewRef& out, const ViewRef& in);
+// The checks of an elementwise op of two same-width inputs and one output (add, silu_mul,
+// gelu_tanh_mul): one row kind, widths equal, the output in place or apart.
+void prepare_same_width_pair(KernelCall& c, const PlanInfo& p, const char* in0, const char* in1);
+// Row loops of elementwise kernels fork threads only when the work is worth a fork/join.
+inline bool worth_threads(int64_t rows, int64_t width, int nthreads) {
+    return nthreads > 1 && rows > 1 && rows * width >= 32768;
+}
 // The common checks of every linear kernel (one input view x [rows, K], one output y
 // [rows, N], nw_min..nw_max weights, views of one row kind, N and K > 0): sets *N, *K.
 void expect_linear(KernelCall& c, const PlanInfo& p, size_t nw_min, size_t nw_max, int* N, int* K);

@@ -10,10 +10,6 @@ using namespace simd;
 
 namespace {
 
-inline bool worth_threads(int64_t rows, int64_t width, int nthreads) {
-    return nthreads > 1 && rows > 1 && rows * width >= 32768;
-}
-
 // y = x * rsqrt(mean(x^2) + eps) * (w + offset); x may alias y.
 inline void rms_row(const float* x, float* y, const float* w, int H, float eps, float offset) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();

@@ -155,4 +155,19 @@ bool views_overlap(const ViewRef& a, const ViewRef& b) {
     return a.buf == b.buf && a.col < b.col + b.width && b.col < a.col + a.width;
 }
 
+void check_inplace_or_disjoint(const KernelCall& c, const ViewRef& out, const ViewRef& in) {
+    if (views_overlap(out, in) && !(out.buf == in.buf && out.col == in.col))
+        kernel_error(c, "output view partially overlaps an input view");
+}
+
+void prepare_same_width_pair(KernelCall& c, const PlanInfo& p, const char* in0, const char* in1) {
+    expect_arity(c, 2, 1, 0, 0);
+    same_rows(c, p);
+    const int w = c.outs[0].width;
+    expect_width(c, c.ins[0], w, in0);
+    expect_width(c, c.ins[1], w, in1);
+    check_inplace_or_disjoint(c, c.outs[0], c.ins[0]);
+    check_inplace_or_disjoint(c, c.outs[0], c.ins[1]);
+}
+
 }  // namespace bessemer
