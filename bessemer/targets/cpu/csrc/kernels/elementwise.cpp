@@ -8,10 +8,6 @@ namespace bessemer {
 
 using namespace simd;
 
-namespace {
-
-}  // namespace
-
 // ---------------------------------------------------------------- add@1
 void prepare_add(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "a", "b"); }
 
