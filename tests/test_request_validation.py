@@ -47,3 +47,26 @@ def test_run_engine_refuses_bad_sampling_flags(tiny_engine, flag, value, needle)
 def test_an_absurd_thread_count_is_refused(tiny_engine):
     with pytest.raises(InvalidOptionError, match="--threads 10000"):
         LLM(tiny_engine("llama-untied"), num_threads=10000)
+
+
+def test_a_window_of_the_engines_full_length_can_be_scored(tiny_engine):
+    """bessemer eval's default window equals a 1024-token engine's max_seq_len: scoring needs no
+    room for output, so a sequence of exactly max_seq_len tokens is scored; its logits are the
+    shorter prefix's on the shared positions (causal attention)."""
+    import numpy as np
+
+    llm = LLM(tiny_engine("llama-untied", max_seq_len=64), num_threads=1)
+    ids = [(7 * i + 3) % 200 + 1 for i in range(64)]
+    full, prefix = llm.score([ids, ids[:40]])
+    assert full.shape[0] == 64
+    np.testing.assert_allclose(full[:40], prefix, rtol=0, atol=1e-5)
+    with pytest.raises(Exception, match="prompt has 64 tokens"):
+        llm.generate([ids], SamplingParams(max_tokens=1))  # generating still needs room
+
+
+def test_eval_refuses_max_tokens_below_two():
+    from bessemer.errors import BessemerError
+    from bessemer.runtime.evaluate import windows
+
+    with pytest.raises(BessemerError, match="--max-tokens must be at least 2"):
+        windows(list(range(100)), 16, 0)

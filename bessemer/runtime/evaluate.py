@@ -43,6 +43,9 @@ def read_dataset(path: str | Path) -> str:
 def windows(token_ids: list[int], context_len: int, max_tokens: int | None) -> list[list[int]]:
     if context_len < 2:
         raise BessemerError(f"--context-len must be at least 2, got {context_len}")
+    if max_tokens is not None and max_tokens < 2:
+        raise BessemerError(f"--max-tokens must be at least 2 (tokens to score), got {max_tokens}; "
+                            "omit it to score the first 8192")
     ids = token_ids[:max_tokens] if max_tokens else token_ids
     out = [ids[i:i + context_len] for i in range(0, len(ids), context_len)]
     return [w for w in out if len(w) > 1]

@@ -137,10 +137,12 @@ class LLMEngine:
             self.scheduler.max_num_tokens = max_num_tokens
 
     # ---- requests: add_request -> step()* -> finished (or abort) ----
-    def _new_sequence(self, token_ids: list[int], params: SamplingParams, index: int = 0) -> Sequence:
+    def _new_sequence(self, token_ids: list[int], params: SamplingParams, index: int = 0,
+                      generates: bool = True) -> Sequence:
+        """`generates`: the sequence needs room for at least one output token (scoring does not)."""
         if not token_ids:
             raise RequestError("the prompt is empty; give at least one token")
-        if len(token_ids) >= self.max_seq_len:
+        if len(token_ids) > self.max_seq_len - int(generates):
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the engine allows {self.max_seq_len} "
                 f"(prompt and output); shorten the prompt or rebuild with a larger --max-seq-len")
@@ -337,7 +339,7 @@ class LLMEngine:
         each later token in its own decode step, all sequences batched together."""
         seqs = []
         for ids in token_ids:
-            seq = self._new_sequence(list(ids), SamplingParams())
+            seq = self._new_sequence(list(ids), SamplingParams(), generates=False)
             seq.score = ScoreState(num_prefill)
             seqs.append(seq)
         for seq in seqs:
