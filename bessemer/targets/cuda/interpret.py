@@ -14,8 +14,9 @@ body runs differently: the interpreter runs the Triton source instead of the cub
                            logits_indices)                         # [L, V] float32
     tokens = executor.sample(temperature, top_k, top_p, uniform)   # [L] int32, same step
 
-It has the C++ executor's step() signature, so LLM(..., executor_factory=executor_factory)
-serves a cuda engine with it (slowly: every kernel program is NumPy).
+It has the C++ executor's step() signature (a StepBatch or its six arrays), so an LLM can
+serve a cuda engine with it on CPU (slowly: every kernel program is NumPy); the GPU check's
+rehearsal does that (tests/gpu/rehearsal.py).
 """
 
 from __future__ import annotations
@@ -206,8 +207,3 @@ class InterpretedExecutor:
             raise BessemerError(f"{param['name']} at {ptr.data_ptr():#x} breaks the {param['divisibility']}-byte "
                                 "alignment its kernel was compiled for")
         return ptr
-
-
-def executor_factory(engine, num_kv_blocks: int, **_ignored) -> InterpretedExecutor:
-    """For LLM(engine_dir, executor_factory=...): serve a cuda engine on CPU."""
-    return InterpretedExecutor(engine.dir, num_kv_blocks, verify_checksum=False)

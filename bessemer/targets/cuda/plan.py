@@ -2,7 +2,7 @@
 everything a launcher (C++, no Python) needs to run a step. targets/cuda/interpret.py
 executes exactly this on CPU through the Triton interpreter.
 
-A cuda rank file is the ordinary container (builder/engine_format.py) with header fields::
+A cuda rank file is the ordinary container (format/container.py) with header fields::
 
     "target": "cuda", "gpu_arch": "sm_90a",
     "plan":    {...the cuda plan, below...},

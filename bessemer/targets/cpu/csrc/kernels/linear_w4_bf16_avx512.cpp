@@ -21,7 +21,7 @@
 // moves the code to bits 3-6 of each word; one vpternlogd keeps those bits and sets the
 // bits of 1.0 (0x3F80). Three instructions per 32 weights, no unpermuting afterwards.
 //
-// panel16_int4_k8 (the layout the builder picks for this kernel; engine_format.py) puts
+// panel16_int4_k8 (the layout the builder picks for this kernel; format/layouts.py) puts
 // the four k pairs of an 8-k block into the four nibbles of each 16-bit word: word 2r + e
 // holds row r at k = 2j + e in nibble j. Decoding pair j is then one 16-bit shift (left 3
 // for j = 0, right 4j - 3 otherwise) and the same vpternlogd: two instructions per 32
