@@ -55,3 +55,21 @@ def test_inspect_reports_a_damaged_rank_file_as_damaged(tiny_engine, tmp_path):
     assert_clean_error(run("bessemer", "inspect", str(d)), "corrupt")
     rank.write_bytes(bytes(data[:len(data) // 2]))  # truncated
     assert_clean_error(run("bessemer", "inspect", str(d)), "truncated")
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("tokenizer_config.json", "{not json", "tokenizer_config.json is not valid JSON"),
+    ("tokenizer_config.json", "[1, 2]", "is not a JSON object"),
+    ("generation_config.json", "{\"eos_token_id\": \"two\"}", "eos_token_id"),
+    ("generation_config.json", b"\xff\xfe{", "generation_config.json is not valid JSON"),
+    ("tokenizer.json", "{\"model\": 5}", "cannot be read as a tokenizer"),
+])
+def test_damaged_tokenizer_files_are_one_line(smollm2_engine, tmp_path, name, content, needle):
+    src = smollm2_engine("bfloat16")
+    d = tmp_path / "engine"
+    d.mkdir()
+    for f in src.iterdir():
+        (d / f.name).symlink_to(f)
+    (d / name).unlink(missing_ok=True)
+    (d / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert_clean_error(run("run-engine", str(d), "--prompt", "hi", "--max-new-tokens", "2"), needle)

@@ -6,14 +6,14 @@ sequences become RequestOutputs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from bessemer.runtime.outputs import CompletionOutput, RequestOutput, SequenceUpdate
 from bessemer.runtime.sampling_params import SamplingParams
 from bessemer.runtime.sequence import Sequence
-from bessemer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from bessemer.errors import EngineLoadError
+from bessemer.runtime.tokenizer import IncrementalDetokenizer, Tokenizer, read_json_object
 
 
 def eos_token_ids(engine_dir: Path, model_config: dict, tokenizer: Callable[[], Tokenizer] | None) -> set[int]:
@@ -22,8 +22,12 @@ def eos_token_ids(engine_dir: Path, model_config: dict, tokenizer: Callable[[], 
     ids = set(model_config.get("eos_token_id") or [])
     gen = engine_dir / "generation_config.json"
     if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        eos = read_json_object(gen).get("eos_token_id")
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos):
+            raise EngineLoadError(f"{gen}: eos_token_id {eos!r} is not a token id or a list of them; "
+                                  "rebuild the engine or fix the file")
+        ids |= set(eos)
     if tokenizer is not None and tokenizer().eos_token_id is not None:
         ids.add(tokenizer().eos_token_id)
     return ids

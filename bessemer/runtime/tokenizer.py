@@ -21,6 +21,19 @@ def _token_content(tok) -> str | None:
     return tok
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object from one of an engine's side files (tokenizer and generation configs);
+    EngineLoadError naming the file when it is not one."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise EngineLoadError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:120]}); "
+                              "rebuild the engine or fix the file") from None
+    if not isinstance(value, dict):
+        raise EngineLoadError(f"{path} is not a JSON object; rebuild the engine or fix the file")
+    return value
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -32,11 +45,15 @@ class Tokenizer:
         if not path.exists():
             raise EngineLoadError(f"{path} is missing; the engine has no tokenizer (rebuild from a checkpoint "
                                   "that has tokenizer.json, or pass token ids)")
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            raise EngineLoadError(f"{path} cannot be read as a tokenizer ({str(e).splitlines()[0][:200]}); "
+                                  "rebuild the engine from a checkpoint with a valid tokenizer.json") from None
         cfg_path = engine_dir / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.config = read_json_object(cfg_path) if cfg_path.exists() else {}
         specials_path = engine_dir / "special_tokens_map.json"
-        specials = json.loads(specials_path.read_text()) if specials_path.exists() else {}
+        specials = read_json_object(specials_path) if specials_path.exists() else {}
         self.bos_token = _token_content(self.config.get("bos_token") or specials.get("bos_token"))
         self.eos_token = _token_content(self.config.get("eos_token") or specials.get("eos_token"))
         self.chat_template = self._load_chat_template(engine_dir)
@@ -48,7 +65,7 @@ class Tokenizer:
             return jinja.read_text()
         as_json = engine_dir / "chat_template.json"
         if as_json.exists():
-            return json.loads(as_json.read_text()).get("chat_template")
+            return read_json_object(as_json).get("chat_template")
         template = self.config.get("chat_template")
         if isinstance(template, list):  # named templates: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
