@@ -272,3 +272,28 @@ def test_failing_gate_fails_the_job_and_is_not_published(smollm2_dir, tiny_check
     assert manifest["ok"] is True and manifest["engines"]["smollm2-strict"]["status"] == "pass"
     assert manifest["engines"]["tiny-fp32"]["status"] == manifest["engines"]["smollm2-w8a16"]["status"] == "skipped"
     assert (out / "smollm2-strict").is_dir() and not (out / "_failed" / "smollm2-strict").exists()
+
+
+def test_verify_never_follows_paths_the_manifest_made_up(tiny_out, tmp_path):
+    out = copy_out(tiny_out[1], tmp_path / "out")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["engines"]["tiny-fp32"]["dir"] = "../"
+    manifest["engines"]["tiny-w8a16"]["files"]["../../secret.txt"] = {"size": 9, "sha256": "0" * 64}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify(out)
+    assert any("tiny-fp32: status" in p and "not tiny-fp32" in p for p in problems), problems
+    assert any("tiny-w8a16: manifest names files outside" in p for p in problems), problems
+    assert not any("secret" in p and "sha256" in p for p in problems)
+
+
+def test_verify_checks_a_standalone_engine(tiny_out, tmp_path):
+    engine = copy_out(tiny_out[1], tmp_path / "out") / "tiny-fp32"
+    assert verify(engine) == []
+    rank = engine / "rank0.engine"
+    data = bytearray(rank.read_bytes())
+    data[-10] ^= 0x01
+    rank.write_bytes(bytes(data))
+    problems = verify(engine)
+    assert len(problems) == 1 and "corrupt" in problems[0], problems
