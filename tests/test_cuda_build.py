@@ -91,6 +91,15 @@ def test_cli_builds_inspects_and_refuses_to_run_a_cuda_engine(tiny_checkpoint, t
     assert "no CUDA driver" in errors[0] and "libcuda.so.1" in errors[0], errors
 
 
+def test_runtime_arch_check_names_both_archs():
+    from bessemer.errors import EngineLoadError
+    from bessemer.targets.cuda.compile import check_gpu_arch
+
+    check_gpu_arch("sm_90a", "sm_90a")
+    with pytest.raises(EngineLoadError, match=r"built for sm_90a, this GPU is sm_80; no --gpu-arch"):
+        check_gpu_arch("sm_90a", "sm_80")
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--target", "cuda", "--dtype", "float32"], "pass --dtype bfloat16"),
     (["--target", "cuda", "--quant", "w8a16"], "drop --quant"),

@@ -33,7 +33,7 @@ class LLM:
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
                  speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, interpret: bool = False):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
@@ -41,10 +41,11 @@ class LLM:
         ngram_min/max, draft_engine); see runtime/speculative/config.py. A cuda engine runs
         on GPU `device` (default 0), its KV cache taking `kv_cache_gib` or
         `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off; `say`
-        receives load progress."""
+        receives load progress; `interpret` runs a cuda engine on CPU through the Triton
+        interpreter (slow; for tests and debugging without a GPU)."""
         self.llm_engine = LLMEngine(engine_dir, num_threads, kv_cache_gib, isa, verify_checksum, seed,
                                     enable_prefix_caching, tp_timeout_s, speculative, device,
-                                    gpu_memory_utilization, enforce_eager, say)
+                                    gpu_memory_utilization, enforce_eager, say, interpret)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when this

@@ -63,13 +63,15 @@ class LLMEngine:
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
                  speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, interpret: bool = False):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
         A cuda engine runs on GPU `device` (default 0); its KV cache takes `kv_cache_gib`
         or `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off.
-        `say` receives load progress. `speculative`: see runtime/speculative/config.py."""
+        `say` receives load progress; `interpret` runs a cuda engine's launch list on CPU through
+        the Triton interpreter (slow; tests and debugging without a GPU). `speculative`: see
+        runtime/speculative/config.py."""
         self.speculative = SpeculativeConfig.parse(speculative)
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
         self.tp_size = int(self.engine.config.get("mapping", {}).get("tp_size", 1))
@@ -80,8 +82,9 @@ class LLMEngine:
         self.block_size = int(build["kv_block_size"])
         self.vocab_size = int(self.engine.header["plan"]["vocab_size"])
         opened = self.engine.target.open_executor(self.engine, RunOptions(
-            num_threads, kv_cache_gib, isa, tp_timeout_s, verify_checksum, device, gpu_memory_utilization,
-            enforce_eager, say))
+            num_threads=num_threads, kv_cache_gib=kv_cache_gib, isa=isa, tp_timeout_s=tp_timeout_s,
+            verify_checksum=verify_checksum, device=device, gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager, interpret=interpret, say=say))
         self.executor, self.num_kv_blocks, self.num_threads = opened.executor, opened.num_kv_blocks, opened.num_threads
         self.blocks = BlockManager(self.num_kv_blocks, self.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, self.max_num_tokens, self.max_batch_size)

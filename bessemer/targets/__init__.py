@@ -70,6 +70,7 @@ class RunOptions:
     device: int | None = None  # cuda: GPU ordinal
     gpu_memory_utilization: float | None = None  # cuda: share of GPU memory for the engine
     enforce_eager: bool = False  # cuda: no CUDA graphs
+    interpret: bool = False  # cuda: run the launch list on CPU through the Triton interpreter (tests, debugging)
     say: object = None  # Callable[[str], None] | None: load progress
 
 

@@ -68,9 +68,10 @@ class CpuTarget(Target):
         by runtime/kv_cache.pool_size."""
         from bessemer.runtime.kv_cache import blocks_needed, pool_size
 
-        if options.device is not None or options.gpu_memory_utilization is not None or options.enforce_eager:
-            raise InvalidOptionError("--device, --gpu-memory-utilization and --enforce-eager apply to cuda "
-                                     "engines; this engine's target is cpu")
+        if (options.device is not None or options.gpu_memory_utilization is not None or options.enforce_eager
+                or options.interpret):
+            raise InvalidOptionError("--device, --gpu-memory-utilization, --enforce-eager and interpret apply to "
+                                     "cuda engines; this engine's target is cpu")
         build = engine.build
         tp_size = int(engine.config.get("mapping", {}).get("tp_size", 1))
         block_size, max_seq_len = int(build["kv_block_size"]), int(build["max_seq_len"])

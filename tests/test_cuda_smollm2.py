@@ -1,0 +1,55 @@
+"""The SmolLM2-135M cuda engine, built on this CPU machine with the CLI, every cubin checked
+without a GPU: ELF arch sm_90a, parameter table equal to the stored metadata, .reqntid =
+32 x the compiled num_warps, no register spills, and tensor-core instructions (HGMMA or
+HMMA, read from the SASS) in every GEMM and attention kernel."""
+
+import json
+import subprocess
+
+import pytest
+
+pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
+
+from bessemer.format.container import read_rank_header  # noqa: E402
+from bessemer.targets.cuda.cubin import check_kernel, read_cubin, tensor_core_counts  # noqa: E402
+
+TENSOR_CORE_KERNELS = {"gemm_kernel", "attention_prefill_kernel", "attention_decode_kernel"}
+
+
+@pytest.fixture(scope="module")
+def smollm2_cuda_engine(smollm2_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2-cuda") / "engine"
+    proc = subprocess.run(["build-engine", str(smollm2_dir), "--output", str(out), "--target", "cuda"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine):
+    path = smollm2_cuda_engine / "rank0.engine"
+    _, _, header, data_offset = read_rank_header(path)
+    data = path.read_bytes()
+    blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
+             for t in header["tensors"] if t["name"].startswith("cubin/")}
+    kernels = header["kernels"]
+    assert len(blobs) == len({k["cubin_sha256"] for k in kernels}) >= 20
+    for k in kernels:
+        cubin = blobs[k["cubin"]]
+        assert check_kernel(cubin, k, "sm_90a") == [], k["function"]
+        assert read_cubin(cubin).reqntid == (32 * k["num_warps"], 1, 1)
+        if k["function"] in TENSOR_CORE_KERNELS:
+            ops = tensor_core_counts(cubin)  # from the SASS, not the stored summary
+            assert ops and ops == k["tensor_core_ops"], (k["function"], ops)
+    # the prefill-sized GEMMs and the flash prefill run on Hopper's warpgroup MMA
+    big = [k for k in kernels if k["function"] == "gemm_kernel" and k["constexprs"]["BLOCK_M"] >= 64]
+    assert big and all("HGMMA" in k["tensor_core_ops"] for k in big)
+    assert all("HGMMA" in k["tensor_core_ops"] for k in kernels if k["function"] == "attention_prefill_kernel")
+
+
+def test_smollm2_cuda_build_report(smollm2_cuda_engine):
+    report = json.loads((smollm2_cuda_engine / "build_report.json").read_text())
+    kernels = report["kernels"]
+    assert kernels["distinct"] == len(kernels["kernels"]) and kernels["seconds"] > 0
+    assert all(k["spill_bytes"] == 0 for k in kernels["kernels"])
+    print(f"SmolLM2 cuda engine: {report['engine_bytes'] / 2**20:.1f} MiB, built in {report['timings_s']['total']:.1f} s, "
+          f"{kernels['distinct']} kernels ({kernels['compiled']} compiled in {kernels['seconds']:.1f} s)")
