@@ -30,6 +30,7 @@ class Engine:
     rank_path: Path
     target: Target
     data_offset: int = 0  # where the rank file's tensor data starts (tensor offsets count from it)
+    file_format: tuple[int, int] = (0, 0)  # the rank file's format (major, minor)
 
     @property
     def model(self) -> dict:
@@ -93,7 +94,7 @@ class Engine:
                                   f"runtime reads {SUPPORTED_FORMAT_MAJOR}.x; rebuild the engine")
         if not isinstance(header, dict) or "plan" not in header:
             raise EngineLoadError(f"rank file {path} has a corrupt header; rebuild the engine")
-        return cls(d, config, header, path, target, data_offset)
+        return cls(d, config, header, path, target, data_offset, (major, minor))
 
     def create_executor(self, num_threads: int, num_kv_blocks: int, isa: str = "auto"):
         return self.target.create_executor(self, num_threads, num_kv_blocks, isa)
@@ -101,6 +102,15 @@ class Engine:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token over all layers (K and V), per-(token, head) scales included."""
         return self.target.kv_bytes_per_token(self.header)
+
+    def kv_pool_blocks(self, kv_cache_gib: float | None) -> int:
+        """KV blocks for a host-memory budget of `kv_cache_gib` (runtime/kv_cache.pool_size:
+        a full batch of full-length sequences, capped by the budget, at least one sequence)."""
+        from bessemer.runtime.kv_cache import pool_size
+
+        b = self.build
+        return pool_size(self.kv_bytes_per_token(), int(b["kv_block_size"]), int(b["max_seq_len"]),
+                         int(b["max_batch_size"]), kv_cache_gib)
 
 
 # config.json is read before any checksum can vouch for it: its values are checked here as

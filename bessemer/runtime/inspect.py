@@ -6,7 +6,6 @@ from collections import Counter
 from pathlib import Path
 
 from bessemer.errors import EngineLoadError
-from bessemer.format.container import read_rank_header
 from bessemer.runtime.engine import Engine
 
 # config.json keys every engine has; any other top-level key is a field of its target
@@ -35,10 +34,9 @@ def describe(engine_dir: str | Path) -> dict:
     for rank, entry in enumerate(config["ranks"]):
         # what the loader checks (present, size, sha256, header format): a damaged engine is
         # reported as damaged, not described as if it were fine
-        header = Engine.load(d, rank=rank).header
-        major, minor, _, _ = read_rank_header(d / entry["file"])
+        engine = Engine.load(d, rank=rank)
         try:
-            ranks.append(_rank_row(entry, major, minor, header))
+            ranks.append(_rank_row(entry, *engine.file_format, engine.header))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise EngineLoadError(f"rank file {d / entry['file']} has a malformed header ({type(e).__name__}: {e}); "
                                   "rebuild the engine") from None

@@ -82,11 +82,9 @@ class TensorParallelExecutor:
         or None while it can: what /health reports."""
         if self._error:
             return self._error
-        if self.workers is not None:
-            for rank, p in enumerate(self.workers.procs, start=1):
-                code = p.poll()
-                if code is not None:
-                    return f"tensor-parallel rank {rank} exited with code {code}; restart the server"
+        # the watchdog (_watch) aborts the group when a worker exits, naming the rank
+        if self.workers is not None and self.workers.comm.failed:
+            return f"{self.workers.comm.error}; restart the server"
         return None
 
     def __getattr__(self, name):  # isa, num_threads, kernels, profile_stats, ...

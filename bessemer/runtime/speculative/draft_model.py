@@ -19,7 +19,7 @@ import numpy as np
 
 from bessemer.errors import EngineLoadError
 from bessemer.runtime.engine import Engine
-from bessemer.runtime.kv_cache import BlockManager, pool_size
+from bessemer.runtime.kv_cache import BlockManager
 from bessemer.runtime.model_runner import run_step
 from bessemer.runtime.sampler import distribution
 from bessemer.runtime.scheduler import ScheduledChunk
@@ -48,8 +48,7 @@ class DraftModelProposer:
         self.max_seq_len = int(build["max_seq_len"])
         self.max_num_tokens = int(build["max_num_tokens"])
         self.max_batch_size = int(build["max_batch_size"])
-        num_blocks = pool_size(self.engine.kv_bytes_per_token(), self.block_size, self.max_seq_len,
-                               self.max_batch_size, kv_cache_gib)
+        num_blocks = self.engine.kv_pool_blocks(kv_cache_gib)
         self.executor = self.engine.create_executor(num_threads or target.num_threads, num_blocks, isa)
         self.blocks = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}  # target seq_id -> the draft engine's copy

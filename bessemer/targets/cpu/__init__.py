@@ -65,8 +65,8 @@ class CpuTarget(Target):
 
     def open_executor(self, engine, options: RunOptions) -> OpenedExecutor:
         """One process (or one per rank of a --tp engine, runtime/tp.py), the KV pool sized
-        by runtime/kv_cache.pool_size."""
-        from bessemer.runtime.kv_cache import blocks_needed, pool_size
+        by Engine.kv_pool_blocks."""
+        from bessemer.runtime.kv_cache import blocks_needed
 
         if (options.device is not None or options.gpu_memory_utilization is not None or options.enforce_eager
                 or options.interpret):
@@ -80,8 +80,7 @@ class CpuTarget(Target):
             raise InvalidOptionError(f"--threads {options.num_threads} is not a thread count for this machine's {cores} "
                                      f"cores; use 1 to {MAX_THREADS_PER_CORE * cores} (default: the cores / ranks)")
         threads = options.num_threads or max(1, cores // tp_size)
-        blocks = pool_size(engine.kv_bytes_per_token(), block_size, max_seq_len, int(build["max_batch_size"]),
-                           options.kv_cache_gib)
+        blocks = engine.kv_pool_blocks(options.kv_cache_gib)
         if tp_size > 1:
             from bessemer.runtime import tp
 

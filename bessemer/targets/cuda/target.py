@@ -58,12 +58,9 @@ class CudaTarget(Target):
     def open_executor(self, engine, options: RunOptions) -> OpenedExecutor:
         """One GPU; the executor sizes the KV cache from the GPU's free memory."""
         if options.interpret:  # no GPU: the same launch list, each kernel run by the Triton interpreter
-            from bessemer.runtime.kv_cache import pool_size
             from bessemer.targets.cuda.interpret import InterpretedExecutor
 
-            build = engine.build
-            blocks = pool_size(engine.kv_bytes_per_token(), int(build["kv_block_size"]), int(build["max_seq_len"]),
-                               int(build["max_batch_size"]), options.kv_cache_gib)
+            blocks = engine.kv_pool_blocks(options.kv_cache_gib)
             return OpenedExecutor(InterpretedExecutor(engine.dir, blocks, verify_checksum=False), blocks, 1)
         from bessemer.targets.cuda.executor import CudaExecutor
 

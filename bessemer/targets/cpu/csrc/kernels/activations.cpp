@@ -30,16 +30,7 @@ struct ScaleParams : KernelParams {
 void prepare_gelu_tanh_mul(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "gate", "up"); }
 
 void run_gelu_tanh_mul(const KernelCall& c, const StepContext& ctx) {
-    const int rows = ctx.rows(c.rows), W = c.outs[0].width;
-    const float* g = ctx.ptr(c.ins[0]);
-    const float* u = ctx.ptr(c.ins[1]);
-    float* o = ctx.ptr(c.outs[0]);
-    const int64_t ldg = ctx.ld(c.ins[0]), ldu = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
-#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
-    for (int r = 0; r < rows; ++r) {
-        const float* gr = g + r * ldg;
-        const float* ur = u + r * ldu;
-        float* orow = o + r * ldo;
+    for_each_row2(c, ctx, [](const float* gr, const float* ur, float* orow, int W) {
         const __m256 one = _mm256_set1_ps(1.0f), a = _mm256_set1_ps(kGeluA);
         const __m256 m2c = _mm256_set1_ps(-2.0f * kGeluC);
         int i = 0;
@@ -51,7 +42,7 @@ void run_gelu_tanh_mul(const KernelCall& c, const StepContext& ctx) {
                                                      _mm256_loadu_ps(ur + i)));
         }
         for (; i < W; ++i) orow[i] = gelu_tanh_scalar(gr[i]) * ur[i];
-    }
+    });
 }
 
 // ---------------------------------------------------------------- scale@1
@@ -92,21 +83,13 @@ void prepare_sigmoid_gate_mul(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_sigmoid_gate_mul(const KernelCall& c, const StepContext& ctx) {
-    const int rows = ctx.rows(c.rows), W = c.outs[0].width;
-    const float* y = ctx.ptr(c.ins[0]);
-    const float* g = ctx.ptr(c.ins[1]);
-    float* o = ctx.ptr(c.outs[0]);
-    const int64_t ldy = ctx.ld(c.ins[0]), ldg = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
-#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
-    for (int r = 0; r < rows; ++r) {
-        const float s = 1.0f / (1.0f + exp_scalar(-g[r * ldg]));
-        const float* yr = y + r * ldy;
-        float* orow = o + r * ldo;
+    for_each_row2(c, ctx, [](const float* yr, const float* gr, float* orow, int W) {  // gr: one gate column
+        const float s = 1.0f / (1.0f + exp_scalar(-gr[0]));
         const __m256 vs = _mm256_set1_ps(s);
         int i = 0;
         for (; i + 8 <= W; i += 8) _mm256_storeu_ps(orow + i, _mm256_mul_ps(_mm256_loadu_ps(yr + i), vs));
         for (; i < W; ++i) orow[i] = yr[i] * s;
-    }
+    });
 }
 
 }  // namespace bessemer

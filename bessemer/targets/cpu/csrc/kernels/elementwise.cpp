@@ -12,37 +12,19 @@ using namespace simd;
 void prepare_add(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "a", "b"); }
 
 void run_add(const KernelCall& c, const StepContext& ctx) {
-    const int rows = ctx.rows(c.rows), W = c.outs[0].width;
-    const float* a = ctx.ptr(c.ins[0]);
-    const float* b = ctx.ptr(c.ins[1]);
-    float* o = ctx.ptr(c.outs[0]);
-    const int64_t lda = ctx.ld(c.ins[0]), ldb = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
-#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
-    for (int r = 0; r < rows; ++r) {
-        const float* ar = a + r * lda;
-        const float* br = b + r * ldb;
-        float* orow = o + r * ldo;
+    for_each_row2(c, ctx, [](const float* ar, const float* br, float* orow, int W) {
         int i = 0;
         for (; i + 8 <= W; i += 8)
             _mm256_storeu_ps(orow + i, _mm256_add_ps(_mm256_loadu_ps(ar + i), _mm256_loadu_ps(br + i)));
         for (; i < W; ++i) orow[i] = ar[i] + br[i];
-    }
+    });
 }
 
 // ---------------------------------------------------------------- silu_mul@1
 void prepare_silu_mul(KernelCall& c, const PlanInfo& p) { prepare_same_width_pair(c, p, "gate", "up"); }
 
 void run_silu_mul(const KernelCall& c, const StepContext& ctx) {
-    const int rows = ctx.rows(c.rows), W = c.outs[0].width;
-    const float* g = ctx.ptr(c.ins[0]);
-    const float* u = ctx.ptr(c.ins[1]);
-    float* o = ctx.ptr(c.outs[0]);
-    const int64_t ldg = ctx.ld(c.ins[0]), ldu = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
-#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
-    for (int r = 0; r < rows; ++r) {
-        const float* gr = g + r * ldg;
-        const float* ur = u + r * ldu;
-        float* orow = o + r * ldo;
+    for_each_row2(c, ctx, [](const float* gr, const float* ur, float* orow, int W) {
         const __m256 one = _mm256_set1_ps(1.0f);
         const __m256 sign = _mm256_set1_ps(-0.0f);
         int i = 0;
@@ -56,7 +38,7 @@ void run_silu_mul(const KernelCall& c, const StepContext& ctx) {
             float gv = gr[i];
             orow[i] = gv / (1.0f + exp_scalar(-gv)) * ur[i];
         }
-    }
+    });
 }
 
 // ---------------------------------------------------------------- gather_rows@1

@@ -190,6 +190,19 @@ void prepare_same_width_pair(KernelCall& c, const PlanInfo& p, const char* in0, 
 inline bool worth_threads(int64_t rows, int64_t width, int nthreads) {
     return nthreads > 1 && rows > 1 && rows * width >= 32768;
 }
+// The row loop of an elementwise kernel with two inputs and one output of the output's
+// width W (the second input may be narrower, e.g. one gate column): body(in0_row, in1_row,
+// out_row, W) for every row of the step, threaded when worth_threads says so.
+template <class Body>
+void for_each_row2(const KernelCall& c, const StepContext& ctx, Body body) {
+    const int rows = ctx.rows(c.rows), W = c.outs[0].width;
+    const float* a = ctx.ptr(c.ins[0]);
+    const float* b = ctx.ptr(c.ins[1]);
+    float* o = ctx.ptr(c.outs[0]);
+    const int64_t lda = ctx.ld(c.ins[0]), ldb = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
+#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (worth_threads(rows, W, ctx.nthreads))
+    for (int r = 0; r < rows; ++r) body(a + r * lda, b + r * ldb, o + r * ldo, W);
+}
 // The common checks of every linear kernel (one input view x [rows, K], one output y
 // [rows, N], nw_min..nw_max weights, views of one row kind, N and K > 0): sets *N, *K.
 void expect_linear(KernelCall& c, const PlanInfo& p, size_t nw_min, size_t nw_max, int* N, int* K);
