@@ -11,6 +11,7 @@ loader, or EngineLoadError) is the expected outcome; a crash, a hang or any othe
 exception is a finding.
 
     python tests/fuzz_loader.py ENGINE_DIR --seconds 600 [--seed 1]    # a longer run
+    python tests/fuzz_loader.py ENGINE_DIR --seconds 1e9 --executions 1000000
 
 tests/test_fuzz_loader.py runs it for a bounded time in CI, in a child process, so that a
 crash (a signal) fails the test instead of the test run. The last case is written to
@@ -49,9 +50,10 @@ def _set(tree, path, value):
     tree[path[-1]] = value
 
 
-def mutate_header(header: dict, rng: random.Random) -> tuple[dict, str]:
-    h = json.loads(json.dumps(header))
-    paths = [p for p, _ in _paths(h) if p]
+def mutate_header(header_text: str, paths: list, rng: random.Random) -> tuple[dict, str]:
+    """A fresh copy of the header (parsed from its text) with one mutation at one of `paths`
+    (every path of the header, listed once by the caller)."""
+    h = json.loads(header_text)
     path = rng.choice(paths)
     parent = h
     for key in path[:-1]:
@@ -75,13 +77,24 @@ def mutate_header(header: dict, rng: random.Random) -> tuple[dict, str]:
     return h, f"{'/'.join(map(str, path))} = {json.dumps(value)[:40]}"
 
 
-def write_case(src: Path, dst: Path, rng: random.Random) -> str:
+class Source:
+    """The valid rank file every case starts from, read once."""
+
+    def __init__(self, path: Path):
+        from bessemer.format import container
+
+        self.major, self.minor, header, self.data_offset = container.read_rank_header(path)
+        self.raw = path.read_bytes()
+        self.header_text = json.dumps(header)
+        self.paths = [p for p, _ in _paths(header) if p]
+
+
+def write_case(src: Source, dst: Path, rng: random.Random) -> str:
     from bessemer.format import container
 
-    major, minor, header, data_offset = container.read_rank_header(src)
-    raw = src.read_bytes()
+    major, minor, data_offset, raw = src.major, src.minor, src.data_offset, src.raw
     if rng.random() < 0.8:
-        mutated, what = mutate_header(header, rng)
+        mutated, what = mutate_header(src.header_text, src.paths, rng)
         blob = container.header_bytes(mutated)
         pad = container.align_up(container.PREAMBLE.size + len(blob), container.DATA_ALIGN)
         out = bytearray(container.PREAMBLE.pack(container.MAGIC, major, minor, 0, len(blob)) + blob)
@@ -117,16 +130,19 @@ def run_case(path: Path, block_size: int) -> str:
     return "ran"
 
 
-def fuzz(engine: Path, seconds: float, seed: int, work: Path, last: Path | None = None) -> dict:
+def fuzz(engine: Path, seconds: float, seed: int, work: Path, last: Path | None = None,
+         executions: int | None = None) -> dict:
     config = json.loads((engine / "config.json").read_text())
-    src = engine / config["ranks"][0]["file"]
+    src = Source(engine / config["ranks"][0]["file"])
     block_size = int(config["build"]["kv_block_size"])
     rng = random.Random(seed)
     counts = {"refused": 0, "ran": 0}
     findings = []
     t0 = time.perf_counter()
     case = work / "case.engine"
-    while time.perf_counter() - t0 < seconds:
+    done = 0
+    while time.perf_counter() - t0 < seconds and (executions is None or done < executions):
+        done += 1
         what = write_case(src, case, rng)
         if last is not None:
             last.write_text(what + "\n")
@@ -145,13 +161,16 @@ def main() -> None:
     ap.add_argument("engine", type=Path)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--executions", type=int, default=None, help="stop after this many cases (or --seconds)")
     ap.add_argument("--work", type=Path, default=None, help="folder for the case file [default: a temp dir]")
     ap.add_argument("--last", type=Path, default=None, help="write each case's description here before it runs")
     args = ap.parse_args()
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        result = fuzz(args.engine, args.seconds, args.seed, args.work or Path(tmp), args.last)
+    # the case file is rewritten for every execution: keep it in memory where there is a tmpfs
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+        result = fuzz(args.engine, args.seconds, args.seed, args.work or Path(tmp), args.last, args.executions)
     print(json.dumps(result))
     sys.exit(1 if result["findings"] else 0)
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from bessemer.errors import InvalidOptionError, RequestError
-from bessemer.runtime.async_llm import AsyncLLM
+from bessemer.runtime.async_llm import AsyncLLM, SequenceFailedError
 from bessemer.runtime.llm import SamplingParams
 
 
@@ -112,3 +112,21 @@ def test_close_ends_running_streams(smollm2_engine):
     finally:
         engine.shutdown()
     assert not engine.is_alive
+
+
+def test_a_failing_request_fails_alone(engine):
+    # more logprobs than the vocabulary: valid for SamplingParams, fails in the sampler
+    # inside a step that also runs the good request
+    good = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    bad = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=engine.llm.vocab_size + 1)
+    ids = engine.llm.tokenizer.encode("A long story about a lighthouse:")
+
+    async def main():
+        alone = await collect(engine, ids, good)
+        results = await asyncio.gather(collect(engine, ids, good), collect(engine, [1, 2, 3], bad),
+                                       return_exceptions=True)
+        assert isinstance(results[1], SequenceFailedError) and "kth" in str(results[1])
+        assert results[0][1] == alone[1] and results[0][2][0].finish_reason == "length"
+        await wait_idle(engine)
+
+    asyncio.run(main())

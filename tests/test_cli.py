@@ -140,3 +140,23 @@ def test_eval_json_and_reference(smollm2_dir, smollm2_engine):
     assert abs(result["relative_difference"]) <= 1e-3  # fp32 engine vs HF fp32, same protocol
     assert_clean_error(run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", "/nonexistent"),
                        "does not exist")
+
+
+@pytest.mark.parametrize("field, value, wanted", [
+    ("num_hidden_layers", 2.5, "positive integer"),          # was: TypeError traceback
+    ("rms_norm_eps", "x", "positive number"),                # was: ValueError traceback
+    ("tie_word_embeddings", "no", "true or false"),          # was: built as tied ("no" is truthy)
+    ("eos_token_id", "2", "token id"),                       # was: built, eos never matched
+    ("rope_scaling", [1], "an object"),                      # was: built, scaling ignored
+    ("architectures", "LlamaForCausalLM", "list of class names"),  # was: "architecture 'L'"
+])
+def test_build_refuses_checkpoint_config_field_types(field, value, wanted, tiny_checkpoint, tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("llama-untied"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg[field] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "engine"
+    proc = run("build-engine", str(src), "--output", str(out))
+    assert_clean_error(proc, f"{field} must be", wanted)
+    assert not out.exists() and no_leftovers(tmp_path)

@@ -96,3 +96,46 @@ def test_rank_file_header_bounds_are_checked(tiny_engine, tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(EngineLoadError):
         LLM(engine, verify_checksum=False)
+
+
+def _resign(engine, mutate):
+    """Rewrite rank0's header with `mutate(header)` applied and sign the result in config.json,
+    as an attacker (or a buggy tool) could: the checksum then passes and only the loader's own
+    checks stand between the file and the kernels."""
+    path = engine / "rank0.engine"
+    major, minor, header, data_offset = fmt.read_rank_header(path)
+    mutate(header)
+    # JSON has no NaN/Infinity; a number too large for a double is how one reaches the parser
+    blob = fmt.header_bytes(header).replace(b'"OVERFLOW"', b"1e999")
+    pad = fmt.align_up(fmt.PREAMBLE.size + len(blob), fmt.DATA_ALIGN)
+    out = fmt.PREAMBLE.pack(fmt.MAGIC, major, minor, 0, len(blob)) + blob
+    path.write_bytes(out + b"\0" * (pad - len(out)) + path.read_bytes()[data_offset:])
+    config = json.loads((engine / "config.json").read_text())
+    config["ranks"][0].update(sha256=fmt.sha256_file(path), size=path.stat().st_size)
+    (engine / "config.json").write_text(json.dumps(config))
+
+
+def _share_bytes(header):
+    a, b = header["tensors"][0], header["tensors"][1]
+    b["offset"] = a["offset"] + fmt.TENSOR_ALIGN * (a["nbytes"] > fmt.TENSOR_ALIGN)
+
+
+def _read_before_write(header):
+    steps = header["plan"]["steps"]
+    first_reader = next(i for i, s in enumerate(steps) if s["ins"])
+    steps.insert(0, steps.pop(first_reader))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (_share_bytes, r"overlaps tensor"),
+    (lambda h: h["plan"].update(steps=[]), r"plan has no steps"),
+    (lambda h: h["plan"]["steps"][1]["attrs"].update(eps=float("nan")), r"header JSON: invalid value"),
+    (lambda h: h["plan"]["steps"][1]["attrs"].update(eps="OVERFLOW"), r"attr 'eps' must be a finite number"),
+    (_read_before_write, r"reads view \[\d+, \d+, \d+\] that no earlier step wrote"),
+    (lambda h: h["plan"]["steps"].pop(), r"logits view .* is never written"),
+])
+def test_re_signed_engine_with_an_inconsistent_header_is_refused(tiny_engine, tmp_path, mutate, message):
+    engine = _copy(tiny_engine("llama-untied"), tmp_path)
+    _resign(engine, mutate)
+    with pytest.raises(EngineLoadError, match=message):
+        LLM(engine)

@@ -189,7 +189,7 @@ def test_executor_load_errors(tmp_path):
         (bad_plan(lambda p: p["steps"][1].update(ins=[[0, 4, 16]])), "outside buffer"),
         (bad_plan(lambda p: p["steps"][1].update(ins=[[7, 0, 16]])), "unknown buffer"),
         (bad_plan(lambda p: p.update(logits=[1, 0, 4])), "vocab_size"),
-        (bad_plan(lambda p: p["steps"][1]["attrs"].update(eps="x")), "must be a number"),
+        (bad_plan(lambda p: p["steps"][1]["attrs"].update(eps="x")), "must be a finite number"),
         (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 1 << 20)), "w: data"),
         (bad_tensors(lambda t: t[1].update(offset=t[1]["offset"] + 32)), "multiple of 64"),
         (bad_tensors(lambda t: t[1].update(nbytes=t[1]["nbytes"] - 4)), "tensor w: nbytes"),

@@ -70,3 +70,25 @@ def test_eval_refuses_max_tokens_below_two():
 
     with pytest.raises(BessemerError, match="--max-tokens must be at least 2"):
         windows(list(range(100)), 16, 0)
+
+
+def test_tokenizing_a_large_prompt_lets_other_threads_run(smollm2_dir):
+    # the server tokenizes on a worker thread so that its event loop (/health, other
+    # streams) goes on; that only helps if the tokenizer lets go of the GIL meanwhile
+    import threading
+    import time
+
+    from bessemer.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2_dir)
+    text = "many words " * 300_000  # 3.3 MB: about a second to tokenize
+    worker = threading.Thread(target=tok.encode, args=(text,))
+    t = time.monotonic()
+    worker.start()
+    ticks = 0
+    while worker.is_alive():
+        time.sleep(0.01)
+        ticks += 1
+    elapsed = time.monotonic() - t
+    assert ticks >= elapsed / 0.01 / 4, f"this thread ran {ticks} times in {elapsed:.2f} s of tokenizing"
+    assert tok.encode("many words many") == tok._tok.encode("many words many").ids

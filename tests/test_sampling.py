@@ -43,3 +43,27 @@ def test_min_tokens_n_and_invalid_params(tiny_engine):
                 dict(min_tokens=9, max_tokens=4)):
         with pytest.raises(InvalidOptionError):
             SamplingParams(**bad)
+
+
+def slipped_past_validation(params: SamplingParams, **values) -> SamplingParams:
+    """`params` with values SamplingParams would refuse: what reached the sampler before
+    validation existed, and what any future gap in it would let through."""
+    for name, value in values.items():
+        object.__setattr__(params, name, value)
+    return params
+
+
+def test_a_sequence_that_fails_inside_a_step_ends_alone(tiny_engine):
+    llm = LLM(tiny_engine("llama-untied"), num_threads=2)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    alone = llm.generate([[1, 2, 3], [4, 5, 6]], params)
+    # two faults raised by the sampler in the middle of a batch: more logprobs than the
+    # vocabulary has (valid for SamplingParams, which does not know the vocabulary), and
+    # a NaN temperature
+    too_many = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=llm.vocab_size + 10)
+    nan = slipped_past_validation(SamplingParams(max_tokens=6, ignore_eos=True), temperature=float("nan"))
+    out = llm.generate([[1, 2, 3], [7, 8], [4, 5, 6], [9]], [params, too_many, params, nan])
+    assert [out[0].token_ids, out[2].token_ids] == [alone[0].token_ids, alone[1].token_ids]
+    assert [o.finish_reason for o in out] == ["length", "error", "length", "error"]
+    assert "kth" in out[1].outputs[0].error and "NaN" in out[3].outputs[0].error
+    assert llm.blocks.num_free == llm.blocks.num_blocks  # the failed ones gave their blocks back

@@ -125,9 +125,12 @@ def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
         return None
     rows = plan["buffers"][buf]["rows"]
     out = len(plan["buffers"])
-    double = {"op": "add", "version": 1, "node": "diff.capture", "ins": [[buf, col, width], [buf, col, width]],
-              "outs": [[out, 0, width]], "weights": [], "attrs": {}}
-    steps = plan["steps"][:step + 1] + [double]
+    # x + x into columns [0, width); the rest of the vocabulary-wide view is filled the same way
+    # (ignored here) because the loader refuses a plan whose logits are not all written
+    doubles = [{"op": "add", "version": 1, "node": "diff.capture", "ins": [[buf, col, w], [buf, col, w]],
+                "outs": [[out, c, w]], "weights": [], "attrs": {}}
+               for c in range(0, vocab, width) for w in [min(width, vocab - c)]]
+    steps = plan["steps"][:step + 1] + doubles
     # the cache holds the layers the kept steps read (the loader refuses unread layers)
     layers = max((int(s["attrs"]["layer"]) + 1 for s in steps if "layer" in s["attrs"]), default=0)
     truncated = dict(plan, steps=steps, logits=[out, 0, vocab], kv_cache=dict(plan["kv_cache"], num_layers=layers),

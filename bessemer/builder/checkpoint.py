@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bessemer.builder.hf_config_fields import check_field_types
 from bessemer.errors import BessemerError
 
 SAFETENSORS_DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2),
@@ -40,9 +41,11 @@ def load_hf_config(model_dir: Path) -> dict:
     if not path.exists():
         raise BessemerError(f"{path} is missing; a HF checkpoint needs config.json (save it with save_pretrained)")
     try:
-        return json.loads(path.read_text())
+        hf = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BessemerError(f"{path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); re-export the checkpoint") from None
+    check_field_types(hf, path)
+    return hf
 
 
 def _read_safetensors_header(path: Path) -> dict[str, TensorLocation]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from bessemer.cli.common import fail, gpu_kwargs, gpu_options, speculative_config, speculative_options, user_errors
+from bessemer.cli.common import fail, speculative_config, speculative_options, user_errors
+from bessemer.serving.limits import ServerLimits
 
 
 @click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,20 +16,26 @@ from bessemer.cli.common import fail, gpu_kwargs, gpu_options, speculative_confi
 @click.option("--max-num-seqs", type=int, default=None, help="Sequences per step (at most the engine's).")
 @click.option("--max-num-tokens", type=int, default=None, help="Tokens per step (at most the engine's).")
 @click.option("--kv-cache-gib", type=float, default=None,
-              help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). "
-                   "[default: cpu 1; cuda: --gpu-memory-utilization]")
+              help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). [default: 1]")
 @click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
+@click.option("--max-request-bytes", type=int, default=ServerLimits.max_body_bytes, show_default=True,
+              help="Largest request body; larger ones get 413 before they are read.")
+@click.option("--max-n", type=int, default=ServerLimits.max_n, show_default=True,
+              help="Most completions one request may ask for per prompt (`n`).")
+@click.option("--header-timeout", type=float, default=ServerLimits.header_timeout_s, show_default=True,
+              help="Seconds a client has to send a request's headers (then 408).")
+@click.option("--body-timeout", type=float, default=ServerLimits.body_timeout_s, show_default=True,
+              help="Seconds a client has to send a request's body (then 408).")
 @speculative_options
-@gpu_options
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level, speculative, draft_engine, num_speculative_tokens, ngram_max,
-         device, gpu_memory_utilization, enforce_eager):
+         model_name, threads, log_level, max_request_bytes, max_n, header_timeout, body_timeout, speculative,
+         draft_engine, num_speculative_tokens, ngram_max):
     """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
@@ -42,10 +49,11 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
         fail(f"--kv-cache-gib must be >= 0, got {kv_cache_gib}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
+    limits = ServerLimits(max_body_bytes=max_request_bytes, max_n=max_n, header_timeout_s=header_timeout,
+                          body_timeout_s=body_timeout)  # checked before the engine loads
     from bessemer.serving.server import run
 
-    run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level,
+    run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
         kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache,
-        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
-        **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
+        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))

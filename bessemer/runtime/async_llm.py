@@ -44,6 +44,11 @@ class EngineClosedError(RuntimeError):
     """The engine is shutting down and takes no new requests (HTTP 503, not a user error)."""
 
 
+class SequenceFailedError(RuntimeError):
+    """One sequence of the request failed inside an engine step (HTTP 500 for that request
+    only); the engine and every other request went on."""
+
+
 @dataclass(frozen=True)
 class Delta:
     """What one engine step added to one sequence of a request."""
@@ -249,6 +254,10 @@ class AsyncLLM:
             if owner is None:
                 continue
             stream, index = owner
+            if seq.finish_reason == "error":  # its consumer gets the error; nobody else notices
+                del self._owners[seq.seq_id]
+                by_loop[stream.loop].append((stream, SequenceFailedError(f"generation failed: {seq.error}")))
+                continue
             delta = Delta(index, u.text, u.token_ids, seq.finish_reason, u.logprobs, seq.num_prompt_tokens,
                           len(seq.token_ids) - seq.num_prompt_tokens, stream.arrival_time, seq.first_token_time,
                           seq.last_token_time)

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from bessemer.errors import EngineLoadError
+from bessemer.quantization.bits import bits_per_weight, format_bits
 from bessemer.runtime.engine import Engine
 
 # config.json keys every engine has; any other top-level key is a field of its target
@@ -30,13 +31,14 @@ def _rank_row(entry: dict, major: int, minor: int, header: dict) -> dict:
 def describe(engine_dir: str | Path) -> dict:
     d = Path(engine_dir)
     config = Engine.read_config(d)
-    ranks = []
+    ranks, tables = [], []
     for rank, entry in enumerate(config["ranks"]):
         # what the loader checks (present, size, sha256, header format): a damaged engine is
         # reported as damaged, not described as if it were fine
         engine = Engine.load(d, rank=rank)
         try:
             ranks.append(_rank_row(entry, *engine.file_format, engine.header))
+            tables.append([(t["name"], tuple(t["shape"]), t["nbytes"]) for t in engine.header["tensors"]])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise EngineLoadError(f"rank file {d / entry['file']} has a malformed header ({type(e).__name__}: {e}); "
                                   "rebuild the engine") from None
@@ -46,7 +48,7 @@ def describe(engine_dir: str | Path) -> dict:
         import json
 
         quant_error = json.loads(report.read_text()).get("quant_error") or {}
-    return {"quant_error": quant_error,"engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
+    return {"quant_error": quant_error, "bits_per_weight": bits_per_weight(tables), "engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
             "target": config["target"],
             "target_fields": {k: v for k, v in sorted(config.items()) if k not in COMMON_KEYS},
             "model": config["model"], "build": config["build"], "quant": config["quant"],
@@ -66,6 +68,7 @@ def format_description(info: dict) -> str:
         f"build         dtype {b['dtype']}, kv cache {b['kv_cache_dtype'] or b['dtype']}, max_seq_len {b['max_seq_len']}, "
         f"max_batch_size {b['max_batch_size']}, max_num_tokens {b['max_num_tokens']}, kv_block_size {b['kv_block_size']}",
         f"quantization  {info['quant'] or 'none'}",
+        f"weights       {format_bits(info['bits_per_weight'])}",
         *_quant_error_lines(info["quant_error"]),
         f"mapping       tp {info['mapping']['tp_size']}, pp {info['mapping']['pp_size']}",
         f"passes        {', '.join(info['passes']) or 'none'}",

@@ -283,26 +283,38 @@ class LLMEngine:
             if not num_logits:
                 self.scheduler.computed(chunk)
                 continue
-            k = seq.num_draft_tokens
-            drafts, dists = seq.token_ids[len(seq.token_ids) - k:], seq.draft_dists
-            del seq.token_ids[len(seq.token_ids) - k:]
-            seq.num_draft_tokens, seq.draft_dists = 0, None
-            if chunk_sampled is not None:
-                tokens, entries = [int(chunk_sampled[-1])], None
-            else:
-                tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts, dists)
-            update, reason = self.output_processor.append(seq, tokens, entries, now)
-            self.scheduler.computed(chunk, num_rejected=k - (len(tokens) - 1))
-            self.num_draft_tokens += k
-            self.num_accepted_tokens += len(tokens) - 1
-            if seq.grammar is not None:
-                seq.grammar.accept(update.token_ids)
-                if reason is None and seq.grammar.finished:
-                    reason = "stop"  # the constraint is complete: only end-of-sequence could follow
+            try:
+                update, reason = self._advance(chunk, chunk_logits, chunk_sampled, rows, now)
+            except Exception as e:  # noqa: BLE001 - this sequence's failure ends this sequence only
+                seq.error = f"{type(e).__name__}: {e}"
+                update, reason = SequenceUpdate(seq, "", [], None), "error"
             if reason:
                 self._finish(seq, reason)
             updates.append(update)
         return updates
+
+    def _advance(self, chunk: ScheduledChunk, chunk_logits: np.ndarray | None, chunk_sampled: np.ndarray | None,
+                 rows: int, now: float) -> tuple[SequenceUpdate, str | None]:
+        """Samples one chunk's next token(s) (or takes the device's), appends them and runs
+        the stop checks; returns the update and the finish reason (None: it goes on)."""
+        seq, num_logits = chunk.seq, chunk.num_logits
+        k = seq.num_draft_tokens
+        drafts, dists = seq.token_ids[len(seq.token_ids) - k:], seq.draft_dists
+        del seq.token_ids[len(seq.token_ids) - k:]
+        seq.num_draft_tokens, seq.draft_dists = 0, None
+        if chunk_sampled is not None:
+            tokens, entries = [int(chunk_sampled[-1])], None
+        else:
+            tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts, dists)
+        update, reason = self.output_processor.append(seq, tokens, entries, now)
+        self.scheduler.computed(chunk, num_rejected=k - (len(tokens) - 1))
+        self.num_draft_tokens += k
+        self.num_accepted_tokens += len(tokens) - 1
+        if seq.grammar is not None:
+            seq.grammar.accept(update.token_ids)
+            if reason is None and seq.grammar.finished:
+                reason = "stop"  # the constraint is complete: only end-of-sequence could follow
+        return update, reason
 
     def _sample(self, seq: Sequence, rows: np.ndarray, drafts: list[int],
                 dists: list | None) -> tuple[list[int], list[dict[int, float]] | None]:

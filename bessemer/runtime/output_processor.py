@@ -108,7 +108,7 @@ class OutputProcessor:
             if text is None:
                 text = self._tokenizer().decode(ids) if self._tokenizer is not None else ""
             completions.append(CompletionOutput(i, text, ids, seq.logprobs if seq.params.logprobs is not None else None,
-                                                seq.finish_reason))
+                                                seq.finish_reason, seq.error))
         first = group[0]
         metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
                    "last_token_time": first.last_token_time}

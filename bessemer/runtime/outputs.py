@@ -24,7 +24,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None
+    finish_reason: str | None  # "error" when this sequence failed inside a step
+    error: str | None = None  # why it failed; the other sequences of the batch went on
 
 
 @dataclass

@@ -43,7 +43,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_keys: list[int] = field(default_factory=list)  # prefix-cache chain of its full blocks
     logprobs: list[dict] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort", or "error" (then `error` says why)
+    error: str | None = None  # why this sequence failed inside a step (the others went on)
     detok: object = None  # IncrementalDetokenizer when text is needed while generating
     text: str | None = None
     score: ScoreState | None = None  # set for a scored (not generated) sequence

@@ -33,6 +33,8 @@ from bessemer.runtime.tp_group import MpiGroup, launched_by_mpi
 
 STARTUP_TIMEOUT_S = 300.0
 WATCH_INTERVAL_S = 0.05
+STOP_GRACE_S = 5.0  # a clean stop: workers finish their step and exit
+FAILED_EXIT_GRACE_S = 0.25
 
 
 def slot_bytes(engine, max_blocks: int) -> int:
@@ -129,12 +131,15 @@ def _watch(comm, procs, logs, done: threading.Event) -> None:
 
 def _shutdown(comm, procs, logs, done: threading.Event) -> None:
     done.set()
-    if not comm.failed and all(p.poll() is None for p in procs):
+    failed = comm.failed
+    if not failed and all(p.poll() is None for p in procs):
         try:
             comm.bcast_send(stop_words())
         except RuntimeError:
             pass
-    deadline = time.monotonic() + 5.0
+    # After a failure the live workers have seen the abort and exit at once; one that has not
+    # within a moment is the rank that hung, and waiting longer only delays the user's error.
+    deadline = time.monotonic() + (FAILED_EXIT_GRACE_S if failed else STOP_GRACE_S)
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))

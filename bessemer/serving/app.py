@@ -19,22 +19,22 @@ import time
 import uuid
 
 from bessemer.errors import BessemerError
-from bessemer.runtime.async_llm import AsyncLLM, EngineClosedError, EngineFailedError, RequestStream
+from bessemer.runtime.async_llm import (AsyncLLM, EngineClosedError, EngineFailedError, RequestStream,
+                                        SequenceFailedError)
 from bessemer.serving import protocol as P
+from bessemer.serving.body import read_body
+from bessemer.serving.limits import ServerLimits
 from bessemer.serving.metrics import ServerMetrics
 from bessemer.serving.streams import Collected, events
-
-# A request body larger than this gets a 413 before it is read or parsed: a prompt of the
-# longest context any engine here takes is well under it (~4 bytes per token).
-MAX_REQUEST_BYTES = 16 * 2**20
-
 
 def _shutting_down() -> P.ApiError:
     return P.ApiError(503, "the server is shutting down; the request was aborted", "server_error",
                       code="service_unavailable")
 
 
-def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
+def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None):
+    """`api_key` guards every route but /health; `limits` bound what one request may send
+    (serving/limits.py; the defaults without one)."""
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
@@ -43,6 +43,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
     metrics = ServerMetrics()
     created = int(time.time())
     tokenizer = engine.llm.tokenizer
+    limits = limits or ServerLimits()
 
     def decode_token(token: int) -> str:
         return tokenizer.decode([token], skip_special_tokens=False)
@@ -106,16 +107,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
 
     # ---- generation ----
     async def read(request: Request, model: type):
-        try:
-            declared = int(request.headers.get("content-length") or 0)
-        except ValueError:
-            raise P.ApiError(400, "the Content-Length header is not a number") from None
-        if declared > MAX_REQUEST_BYTES:
-            raise P.ApiError(413, f"the request body is {declared} bytes; this server takes at most "
-                                  f"{MAX_REQUEST_BYTES} (shorten the prompt)")
-        raw = await request.body()
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise P.ApiError(413, f"the request body is over {MAX_REQUEST_BYTES} bytes; shorten the prompt")
+        raw = await read_body(request, limits)  # 413 / 408 before anything parses it
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -123,6 +115,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
         except RecursionError:
             raise P.ApiError(400, "the request body's JSON is nested too deeply") from None
         req = P.parse(model, body)
+        if req.n > limits.max_n:
+            raise P.ApiError(400, f"n is {req.n} but this server allows at most {limits.max_n} completions "
+                                  "per prompt (its --max-n)", param="n")
         if req.model is not None and req.model != model_name:
             raise P.ApiError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
                              param="model", code="model_not_found")
@@ -245,6 +240,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None):
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
             except EngineClosedError:  # headers are out: report it the way OpenAI streams errors
                 yield f"data: {json.dumps(_shutting_down().body())}\n\n"
+                return
+            except SequenceFailedError as e:  # this request's own failure; the others go on
+                yield f"data: {json.dumps(P.error_body(str(e), 'server_error'))}\n\n"
                 return
             finally:
                 await chunks.aclose()

@@ -58,7 +58,7 @@ class _SamplingFields(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    n: int = Field(1, ge=1, le=64)
+    n: int = Field(1, ge=1)  # the upper bound is the server's --max-n (app.py)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None

@@ -16,12 +16,16 @@ from pathlib import Path
 
 from bessemer.runtime.async_llm import AsyncLLM
 from bessemer.serving.app import build_app
+from bessemer.serving.http import guarded_protocol
+from bessemer.serving.limits import ServerLimits
 
 
 def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-        api_key: str | None = None, log_level: str = "info", **engine_options) -> None:
+        api_key: str | None = None, log_level: str = "info", limits: ServerLimits | None = None,
+        **engine_options) -> None:
     """`engine_options` go to AsyncLLM (max_num_seqs, max_num_tokens, num_threads,
-    kv_cache_gib, enable_prefix_caching, speculative)."""
+    kv_cache_gib, enable_prefix_caching, speculative); `limits` bound what one request
+    may send (serving/limits.py)."""
     import uvicorn
 
     # OpenMP workers spin between parallel regions by default. In a server the engine
@@ -39,11 +43,14 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
             engine.close()  # before uvicorn waits for the open responses to finish
             await super().shutdown(sockets)
 
+    limits = limits or ServerLimits()
     engine = AsyncLLM(engine_dir, **engine_options)
     try:
-        app = build_app(engine, model_name or Path(engine_dir).resolve().name, api_key)
+        app = build_app(engine, model_name or Path(engine_dir).resolve().name, api_key, limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=10)
+                                timeout_graceful_shutdown=10,
+                                http=guarded_protocol(limits.header_timeout_s, limits.max_header_bytes),
+                                h11_max_incomplete_event_size=limits.max_header_bytes)
         llm = engine.llm  # uvicorn's logger is configured once Config exists
         logging.getLogger("uvicorn.error").info(
             "engine %s: %s, %d threads, %d KV blocks of %d tokens, at most %d sequences and %d tokens per step, "

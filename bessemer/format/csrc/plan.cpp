@@ -1,6 +1,9 @@
 #include "plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <utility>
 
 namespace bessemer {
 
@@ -71,6 +74,71 @@ KvCacheDesc parse_kv(const json::Value& kv) {
     return d;
 }
 
+// Tensors own disjoint byte ranges: a table whose entries share bytes would let one
+// tensor's codes be read as another's (a re-signed file passes the checksum).
+void check_disjoint(const std::vector<std::unique_ptr<TensorRef>>& tensors, const uint8_t* base) {
+    std::vector<std::pair<int64_t, const TensorRef*>> spans;  // (offset, tensor), non-empty only
+    for (const auto& t : tensors)
+        if (t->nbytes > 0) spans.emplace_back(static_cast<const uint8_t*>(t->data) - base, t.get());
+    std::sort(spans.begin(), spans.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 1; i < spans.size(); ++i) {
+        const auto& prev = spans[i - 1];
+        if (prev.first + prev.second->nbytes > spans[i].first)
+            fail("tensor " + spans[i].second->name + ": data at offset " + std::to_string(spans[i].first) +
+                 " overlaps tensor " + prev.second->name + " [" + std::to_string(prev.first) + ", +" +
+                 std::to_string(prev.second->nbytes) + ")");
+    }
+}
+
+// Which columns of each buffer some earlier step has written, as sorted disjoint
+// [begin, end) runs: a step may only read what the plan initialised before it.
+class WrittenColumns {
+public:
+    explicit WrittenColumns(size_t buffers) : runs_(buffers) {}
+
+    void write(const ViewRef& v) {
+        auto& runs = runs_[v.buf];
+        runs.emplace_back(v.col, v.col + v.width);
+        std::sort(runs.begin(), runs.end());
+        std::vector<std::pair<int, int>> merged;
+        for (const auto& r : runs) {
+            if (!merged.empty() && r.first <= merged.back().second)
+                merged.back().second = std::max(merged.back().second, r.second);
+            else
+                merged.push_back(r);
+        }
+        runs.swap(merged);
+    }
+
+    bool covers(const ViewRef& v) const {
+        for (const auto& r : runs_[v.buf])
+            if (r.first <= v.col && v.col + v.width <= r.second) return true;
+        return false;
+    }
+
+private:
+    std::vector<std::vector<std::pair<int, int>>> runs_;  // per buffer id
+};
+
+void check_reads_initialised(const PlanDesc& p) {
+    WrittenColumns written(p.buffers.size());
+    auto view_text = [](const ViewRef& v) {
+        return "[" + std::to_string(v.buf) + ", " + std::to_string(v.col) + ", " + std::to_string(v.width) + "]";
+    };
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+        const PlanStep& s = p.steps[i];
+        for (const ViewRef& v : s.ins)
+            if (!written.covers(v))
+                fail("plan step " + std::to_string(i) + " (" + s.op + "@" + std::to_string(s.version) + ")" +
+                     (s.node.empty() ? "" : " (" + s.node + ")") + " reads view " + view_text(v) +
+                     " that no earlier step wrote; rebuild the engine");
+        for (const ViewRef& v : s.outs) written.write(v);
+    }
+    if (!written.covers(p.logits))
+        fail("plan logits view " + view_text(p.logits) + " is never written by a step; rebuild the engine");
+}
+
 }  // namespace
 
 void parse_tensor_table(const EngineFile& file, const json::Value& table, RankHeader* out) {
@@ -109,6 +177,7 @@ void parse_tensor_table(const EngineFile& file, const json::Value& table, RankHe
         out->by_name[t->name] = t.get();
         out->tensors.push_back(std::move(t));
     }
+    check_disjoint(out->tensors, base);
 }
 
 PlanDesc parse_plan(const json::Value& plan) {
@@ -159,12 +228,15 @@ PlanDesc parse_plan(const json::Value& plan) {
         if (const json::Value* attrs = d.find("attrs"); attrs && attrs->kind != json::Kind::Null) {
             if (attrs->kind != json::Kind::Object) fail(label + ": attrs must be an object");
             for (const auto& kv_pair : attrs->members) {
-                if (!kv_pair.second.is_number()) fail(label + ": attr '" + kv_pair.first + "' must be a number");
+                if (!kv_pair.second.is_number() || !std::isfinite(kv_pair.second.number()))
+                    fail(label + ": attr '" + kv_pair.first + "' must be a finite number");
                 s.attrs[kv_pair.first] = kv_pair.second.number();
             }
         }
         p.steps.push_back(std::move(s));
     }
+    if (p.steps.empty()) fail("plan has no steps; rebuild the engine");
+    check_reads_initialised(p);
     return p;
 }
 

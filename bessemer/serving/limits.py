@@ -1,0 +1,32 @@
+"""ServerLimits: what one client may send and how long it may take (`bessemer serve`
+flags). No imports of the serving stack, so the CLI can check them before loading it.
+Enforced by serving/http.py (headers) and serving/body.py (the body).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bessemer.errors import InvalidOptionError
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    # a request body: a prompt of the longest context any engine here takes is well under
+    # it (~4 bytes per token)
+    max_body_bytes: int = 16 * 2**20
+    body_timeout_s: float = 60.0  # for the whole body to arrive
+    header_timeout_s: float = 10.0  # for the request line and headers to arrive
+    max_header_bytes: int = 64 * 1024  # request line and headers together
+    max_n: int = 64  # completions per prompt (`n`)
+
+    def __post_init__(self):
+        for name in ("max_body_bytes", "max_header_bytes", "max_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidOptionError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        for name in ("body_timeout_s", "header_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                flag = name.replace("_s", "").replace("_", "-")
+                raise InvalidOptionError(f"--{flag} must be a positive number of seconds, got {value!r}")
