@@ -5,8 +5,9 @@
                      torch/transformers/numpy) holding llama-cpp-python (compiled from the
                      PyPI sdist: CPU, -DGGML_NATIVE=ON, no BLAS/CUDA), onnxruntime-genai and
                      what its model builder and llama.cpp's converter import
-  gguf/KEY/          F32 from llama.cpp's convert_hf_to_gguf.py (in the sdist), then Q8_0 and
-                     Q4_0 through llama.cpp's own quantizer (llama_model_quantize)
+  gguf/KEY/          F32 from llama.cpp's convert_hf_to_gguf.py (in the sdist), then Q8_0,
+                     Q4_0, Q4_K_M, ... (GGUF_TYPES) through llama.cpp's own quantizer
+                     (llama_model_quantize, no importance matrix)
   onnx/KEY/          onnxruntime-genai's model builder output, int4 and fp32 (-e cpu)
   engines/KEY/       Bessemer engines (build-engine of this tree)
 KEY = a hash of the checkpoint's content and of everything else the artifact depends on.
@@ -30,7 +31,13 @@ ORT_GENAI_VERSION = "0.18.0"
 ANCHOR_EXTRAS = ["onnx", "onnx_ir", "sentencepiece", "diskcache", "jinja2", "typing-extensions"]
 LLAMA_CMAKE_ARGS = ("-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF "
                     "-DGGML_OPENMP=ON -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF")
-GGUF_TYPES = {"f32": None, "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+# llama.cpp's file types (llama_ftype names). Q4_K_M/Q4_K_S/IQ4_XS use 256-wide super-blocks: on
+# a model whose rows are not a multiple of 256 (SmolLM2: 576) llama.cpp falls back per tensor
+# (Q4_K -> Q5_0, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), so their bits per weight are measured, not named.
+GGUF_TYPES = {"f32": None, "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+              "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+              "q4_k_s": "LLAMA_FTYPE_MOSTLY_Q4_K_S", "iq4_nl": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
+              "iq4_xs": "LLAMA_FTYPE_MOSTLY_IQ4_XS", "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0"}
 ORT_PRECISIONS = ("int4", "fp32")
 
 
@@ -158,6 +165,33 @@ def gguf_tensors(path: Path) -> tuple[list[tuple[str, int]], dict[str, str]]:
         sys.path.pop(0)
     r = GGUFReader(str(path))
     return [(t.name, int(t.n_bytes)) for t in r.tensors], {t.name: t.tensor_type.name for t in r.tensors}
+
+
+def gguf_bits(path: Path) -> tuple[dict, dict[str, int]]:
+    """Bits per weight of a GGUF file by the buckets of bessemer/quantization/bits.py (decoder:
+    the blk.* matrices; lm_head: output.weight, or token_embd when tied; embedding: token_embd
+    when output.weight exists), and how many matrices each GGML type holds."""
+    sys.path.insert(0, str(sdist_dir() / "vendor/llama.cpp/gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    mats = [t for t in GGUFReader(str(path)).tensors if len([d for d in t.shape if d > 1]) == 2]
+    untied = any(t.name == "output.weight" for t in mats)
+    sums: dict[str, list[int]] = {}
+    types: dict[str, int] = {}
+    for t in mats:
+        b = ("lm_head" if t.name == "output.weight" or (t.name == "token_embd.weight" and not untied) else
+             "embedding" if t.name == "token_embd.weight" else "decoder")
+        acc = sums.setdefault(b, [0, 0])
+        acc[0] += int(t.n_elements)
+        acc[1] += int(t.n_bytes)
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    out = {b: {"bpw": round(8 * n / w, 3), "weights": w, "bytes": n}
+           for b in ("decoder", "lm_head", "embedding") if b in sums for w, n in [sums[b]]}
+    w, n = sum(v["weights"] for v in out.values()), sum(v["bytes"] for v in out.values())
+    out["all"] = {"bpw": round(8 * n / w, 3), "weights": w, "bytes": n}
+    return out, types
 
 
 def onnx_model(model_dir: Path, ckpt_hash: str, precision: str) -> Path:

@@ -1,7 +1,8 @@
 """Micro-benchmark of linear@1 (bessemer._C) against torch.nn.functional.linear, and of the
 quantized linears (linear_w8a16@1, linear_w4a16@1 as "int4", linear_w4a16@2 (bf16 activations) as
-"int4@2" as the builder stores it (panel16_int4_k8 codes, bf16 scales/offsets) and "int4@2p"
-with panel16_int4 codes and fp32 scales/offsets,
+"int4@2" as the builder stores asymmetric codes (panel16_int4_k8 codes, bf16 scales/offsets) and
+"int4@2p" with panel16_int4 codes and fp32 scales/offsets, linear_w4a16@3 as "int4@3" (symmetric:
+panel16_int4_k8 codes and bf16 scales, no offsets, as the builder stores them),
 linear_w8a8@1 as "w8a8") against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
@@ -39,6 +40,7 @@ from bessemer.quantization.primitives import (  # noqa: E402
     quantize_int4,
     quantize_int8_per_channel,
 )
+from bessemer.quantization.scale_search import int4_symmetric_scales, symmetric_codes  # noqa: E402
 
 W4_GROUP = 64  # SmolLM2 K (576, 1536) are multiples of 64
 
@@ -67,10 +69,10 @@ def copy_bandwidth(nbytes=512 << 20):
 
 
 def int4_form(K, dtype):
-    """(codes layout, scales/offsets dtype): int4@2 as the builder stores it (the cpu
-    lowering's choice for Int4Group), else panel16_int4 + fp32."""
-    if dtype == "int4@2":
-        fmt = Int4Group(W4_GROUP, zero_point=True)
+    """(codes layout, scales/offsets dtype): int4@2 (asymmetric) and int4@3 (symmetric) as the
+    builder stores them (the cpu lowering's choice for Int4Group), else panel16_int4 + fp32."""
+    if dtype in ("int4@2", "int4@3"):
+        fmt = Int4Group(W4_GROUP, zero_point=dtype == "int4@2")
         return QUANT_KERNELS[("linear", Int4Group)](fmt, (16, K)).layouts["codes"], fmt.param_dtype
     return "panel16_int4", "float32"
 
@@ -88,6 +90,13 @@ def weight_entries(name, w, dtype):
         return [TensorEntry(name, "int8", "vnni16", (N, K), lambda: pack_vnni16(q)),
                 TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc),
                 TensorEntry(name + ".ws", "int32", "row_major", (N,), lambda: ws)], [name, name + ".s", name + ".ws"]
+    if dtype == "int4@3":  # symmetric: codes and scales only
+        sc = int4_symmetric_scales(w, W4_GROUP)
+        codes = symmetric_codes(w, sc, W4_GROUP)
+        layout, pdt = int4_form(K, dtype)
+        return [TensorEntry(name, "int4", layout, (N, K), lambda: pack_int4_codes(codes, layout)),
+                TensorEntry(name + ".s", pdt, "panel16", sc.shape, lambda: encode(sc, pdt, "panel16"))], \
+            [name, name + ".s"]
     if dtype.startswith("int4"):  # int4@2: the builder's codes layout (panel16_int4_k8); int4@2p: panel16_int4
         sc, off = int4_group_params(w, W4_GROUP, zero_point=True)
         codes = quantize_int4(w, sc, off, W4_GROUP)
@@ -102,7 +111,8 @@ def weight_entries(name, w, dtype):
 def weight_nbytes(N, K, dtype):
     if dtype.startswith("int4"):
         layout, pdt = int4_form(K, dtype)
-        return packed_nbytes((N, K), "int4", layout) + 2 * packed_nbytes((N, K // W4_GROUP), pdt, "panel16")
+        params = 1 if dtype == "int4@3" else 2  # scales (and offsets)
+        return packed_nbytes((N, K), "int4", layout) + params * packed_nbytes((N, K // W4_GROUP), pdt, "panel16")
     if dtype == "int8":
         return packed_nbytes((N, K), "int8", "panel16") + 4 * N
     if dtype == "w8a8":
@@ -114,8 +124,8 @@ def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
     op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "int4@2": "linear_w4a16", "int4@2p": "linear_w4a16",
-          "w8a8": "linear_w8a8"}.get(dtype, "linear")
-    version = 2 if dtype.startswith("int4@2") else 1
+          "int4@3": "linear_w4a16", "w8a8": "linear_w8a8"}.get(dtype, "linear")
+    version = 3 if dtype == "int4@3" else 2 if dtype.startswith("int4@2") else 1
     attrs = {"group_size": W4_GROUP} if dtype.startswith("int4") else {}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
     entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
@@ -176,7 +186,7 @@ SMOLLM2_SHAPES = [(1536, 576), (576, 1536), (49152, 576), (960, 576)]  # (N, K)
 
 def bench_quant(tmp, args, rng):
     """fp32 vs int8 vs int4 (g64; @1 fp32 and @2 bf16 activations) weights: GEMV on SmolLM2 shapes, then GEMM."""
-    kinds = ["float32", "int8", "int4", "int4@2p", "int4@2", "w8a8"]
+    kinds = ["float32", "int8", "int4", "int4@2p", "int4@2", "int4@3", "w8a8"]
     print("\nQuantized GEMV M=1 (weights from DRAM); f32-eq GB/s = N*K*4 bytes / time")
     print(f"{'N':>6} {'K':>5} {'weights':>8} {'thr':>3} {'isa':>6} {'us':>8} {'GB/s':>6} {'f32-eq GB/s':>11} {'speed-up':>8}")
     for N, K in SMOLLM2_SHAPES:

@@ -89,13 +89,25 @@ def test_activation_fake_quant():
 
 
 def test_fp8_config_and_options():
-    with pytest.raises(InvalidOptionError, match="--quant fp8 needs calibration text: pass --calib-data FILE"):
+    with pytest.raises(InvalidOptionError, match="--quant fp8 .static activation scales or GPTQ rounding. needs "
+                                                 "calibration text: pass --calib-data FILE"):
         QuantConfig("fp8")
+    with pytest.raises(InvalidOptionError, match="needs calibration text"):
+        QuantConfig("fp8", fp8_rounding="nearest", fp8_activations="static")
+    # dynamic per-token activation scales and round-to-nearest codes: nothing to calibrate
+    j = QuantConfig("fp8", fp8_rounding="nearest").to_json()
+    assert j["fp8_activations"] == "dynamic" and j["activation_granularity"] == "per_token" and "calib_data" not in j
+    with pytest.raises(InvalidOptionError, match="--fp8-activations applies to --quant fp8 only"):
+        QuantConfig("w8a16", fp8_activations="static")
+    with pytest.raises(InvalidOptionError, match="--fp8-activations must be one of dynamic, static"):
+        QuantConfig("fp8", fp8_activations="per-tensor", calib_data="x.txt")
     with pytest.raises(InvalidOptionError, match="--zero-point applies to 4-bit modes only; fp8"):
         QuantConfig("fp8", zero_point=True, calib_data="x.txt")
     j = QuantConfig("fp8", calib_data="/some/dir/calib.txt").to_json()
     assert j["weight_dtype"] == j["activation_dtype"] == "float8_e4m3" and j["algorithm"] == "max"
-    assert j["activation_granularity"] == "per_tensor" and j["granularity"] == "per_channel"
+    assert j["activation_granularity"] == "per_token" and j["granularity"] == "per_channel"
+    assert QuantConfig("fp8", calib_data="x.txt", fp8_activations="static").to_json()["activation_granularity"] == \
+        "per_tensor"
     assert j["calib_data"] == "calib.txt" and "group_size" not in j
     assert j["fp8_rounding"] == "gptq" and j["act_order"] is False  # the defaults, recorded
     assert QuantConfig("w4a16-gptq", calib_data="x.txt").act_order is True
@@ -137,9 +149,10 @@ def _with_tokenizer(ckpt: Path, out: Path) -> Path:
     return out
 
 
-def _fake_quantize_hf(model, scales: dict):
+def _fake_quantize_hf(model, scales: dict | None):
     """HF model with dequantize(quantize(w)) weights and a pre-hook that rounds each linear's
-    input to E4M3 with the static scale of that input (scales: input key -> s_x)."""
+    input to E4M3 with the static scale of that input (scales: input key -> s_x), or with
+    each token's own scale (scales None: dynamic)."""
     import torch
 
     handles = []
@@ -149,44 +162,58 @@ def _fake_quantize_hf(model, scales: dict):
                 continue
             w = mod.weight.detach().numpy().astype(np.float32)
             mod.weight.copy_(torch.from_numpy(fp8.dequantize_fp8_per_channel(*fp8.quantize_fp8_per_channel(w))))
-            s = scales[llama_input_key(name)]
-            handles.append(mod.register_forward_pre_hook(
-                lambda m, args, s=s: (torch.from_numpy(fp8.fake_quant_activation(args[0].numpy(), s)),)))
+            def round_input(m, args, s=scales[llama_input_key(name)] if scales else None):
+                x = args[0].numpy()
+                shape = x.shape
+                x = x.reshape(-1, shape[-1])  # (tokens, K)
+                xs = fp8.token_scales(x) if s is None else s
+                return (torch.from_numpy(fp8.fake_quant_activation(x, xs).reshape(shape)),)
+
+            handles.append(mod.register_forward_pre_hook(round_input))
     return model, handles
 
 
-@pytest.mark.parametrize("kind", ["llama-untied", "qwen2"])
-def test_fp8_engine_matches_fake_quantized_hf(kind, tiny_checkpoint, tmp_path, monkeypatch):
-    import copy
-
-    import torch
-
+@pytest.mark.parametrize("kind,activations", [("llama-untied", "static"), ("qwen2", "static"),
+                                              ("llama-untied", "dynamic"), ("qwen2", "dynamic")])
+def test_fp8_engine_matches_fake_quantized_hf(kind, activations, tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     ckpt = _with_tokenizer(tiny_checkpoint(kind), tmp_path / "hf")
     calib = _calib_text(tmp_path)
     # the oracle below runs lm_head in fp32 (the int8 lm_head has its own test in test_quantization)
     # and rounds weights to nearest (GPTQ's codes: test_calibrated_quant, SmolLM2 gate below)
     quant = QuantConfig("fp8", calib_data=str(calib), calib_samples=4, calib_seq_len=64, lm_head="none",
-                        fp8_rounding="nearest")
+                        fp8_rounding="nearest", fp8_activations=activations)
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
+    report = json.loads((engine / "build_report.json").read_text())
+    config = json.loads((engine / "config.json").read_text())
+    tensors = {t["name"]: t for t in report["tensors"]}
+    assert tensors["model.layers.0.self_attn.o_proj.weight"]["dtype"] == "float8_e4m3"
+    if activations == "dynamic":  # per-token scales in the kernel: nothing stored, nothing calibrated
+        assert "linear_fp8@2" in config["plugins"] and "linear_fp8@1" not in config["plugins"]
+        assert not any(n.endswith(".input_scale") for n in tensors) and report["calibration"] is None
+        _check_logits(LLM(engine, num_threads=2), kind, tiny_checkpoint, scales=None)
+        return
 
     # the engine records a static scale per linear input: calibrated max|x| / 448
     stats = collect(ckpt, CalibrationSpec(calib, 4, 64), set(linear_input_keys(ckpt).values()))
     scales = {key: fp8.activation_scale(s["abs_max"].max()) for key, s in stats.items()}
-    report = json.loads((engine / "build_report.json").read_text())
     assert len(report["quant_error"]) == 2 * 4  # qkv, o, gate_up, down per layer; lm_head excluded
     for weight, e in report["quant_error"].items():
         module = weight.replace("qkv_proj", "q_proj").replace("gate_up_proj", "gate_proj").rsplit(".", 1)[0]
         assert e["input_scale"] == float(scales[llama_input_key(module)]) and e["dtype"] == "float8_e4m3", weight
-    config = json.loads((engine / "config.json").read_text())
     assert config["quant"]["mode"] == "fp8" and "linear_fp8@1" in config["plugins"]
-    tensors = {t["name"]: t for t in report["tensors"]}
-    assert tensors["model.layers.0.self_attn.o_proj.weight"]["dtype"] == "float8_e4m3"
     assert tensors["model.layers.0.self_attn.o_proj.weight.input_scale"]["shape"] == [1]
+    _check_logits(LLM(engine, num_threads=2), kind, tiny_checkpoint, scales)
+
+
+def _check_logits(llm, kind, tiny_checkpoint, scales):
+    """The engine's logits vs HF with the same fake-quantized weights and activations."""
+    import copy
+
+    import torch
 
     hf_fp32 = _hf_model(str(tiny_checkpoint(kind)), "float32")
     hf, handles = _fake_quantize_hf(copy.deepcopy(hf_fp32), scales)
-    llm = LLM(engine, num_threads=2)
     prompts = [list(range(5, 45)), [7, 8, 9], list(range(100, 240, 3))]
     try:
         for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):

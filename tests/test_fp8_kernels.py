@@ -1,4 +1,5 @@
-"""linear_fp8@1 run through bessemer._C against quantization/fp8.py.
+"""linear_fp8@1 (static activation scale) and @2 (dynamic per-token scales) run through
+bessemer._C against quantization/fp8.py.
 
 Single-op rank files as in test_quant_kernels.py (an f32 embedding feeds the activations,
 then the fp8 linear); the reference is fp8.linear_fp8_reference in float64, the same math
@@ -26,26 +27,27 @@ from bessemer.quantization.primitives import sqnr_db  # noqa: E402
 V = 50  # embedding rows (activation rows are picked from them)
 
 
-def fp8_plan(N, K, bias, x_col=3, y_col=2):
-    ws = ["q", "s", "xs"] + (["b"] if bias else [])
-    lin = step("linear_fp8", [[0, x_col, K]], [[1, y_col, N]], ws)
+def fp8_plan(N, K, bias, x_col=3, y_col=2, version=1):
+    ws = ["q", "s"] + (["xs"] if version == 1 else []) + (["b"] if bias else [])
+    lin = step("linear_fp8", [[0, x_col, K]], [[1, y_col, N]], ws, version=version)
     return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
                      [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
 
 
 def fp8_entries(codes, scale, x_scale):
-    return [entry("q", "float8_e4m3", "panel16", codes.shape, pack_panel16(codes)), f32_entry("s", scale),
-            f32_entry("xs", np.array([x_scale], np.float32))]
+    """x_scale None: @2's entries (no input_scale)."""
+    return [entry("q", "float8_e4m3", "panel16", codes.shape, pack_panel16(codes)), f32_entry("s", scale)] + \
+        ([f32_entry("xs", np.array([x_scale], np.float32))] if x_scale is not None else [])
 
 
-def run_fp8(tmp_path, W, table, tokens, isa, threads, bias=None, x_scale=None):
+def run_fp8(tmp_path, W, table, tokens, isa, threads, bias=None, x_scale=None, version=1):
     N, K = W.shape
     codes, scale = fp8.quantize_fp8_per_channel(W)
-    if x_scale is None:
+    if x_scale is None and version == 1:
         x_scale = fp8.activation_scale(np.abs(table[tokens]).max())
     ents = [f32_entry("emb", table)] + fp8_entries(codes, scale, x_scale) + \
         ([f32_entry("b", bias)] if bias is not None else [])
-    path = write(tmp_path / "fp8.engine", fp8_plan(N, K, bias is not None), ents)
+    path = write(tmp_path / "fp8.engine", fp8_plan(N, K, bias is not None, version=version), ents)
     out = run_flat(executor(path, isa, threads), tokens)
     return out, fp8.linear_fp8_reference(table[tokens], codes, scale, x_scale, bias)
 
@@ -71,6 +73,25 @@ def test_linear_fp8(tmp_path, isa, M, N, K, bias, threads):
     out, ref = run_fp8(tmp_path, W, table, tokens, isa, threads, b,
                        x_scale=fp8.activation_scale(0.5 * np.abs(table[tokens]).max()))
     assert_close(out, ref, tol.FP8_LINEAR_RTOL, tol.FP8_LINEAR_ATOL, "linear_fp8")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("M,N,K,bias,threads", CASES)
+def test_linear_fp8_dynamic(tmp_path, isa, M, N, K, bias, threads):
+    """@2: each token's scale is its own max |x| / 448 (rows of very different magnitudes,
+    and an all-zero row, whose scale is 1)."""
+    rng = np.random.default_rng(M * 1000 + N + K + 1)
+    table = rng.standard_normal((V, K)).astype(np.float32) * np.exp2(rng.integers(-12, 12, V))[:, None]
+    table[:, rng.integers(0, K, 3)] *= 20.0
+    table[0] = 0.0
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    tokens = rng.integers(0, min(V, N), M)
+    tokens[0] = 0
+    out, ref = run_fp8(tmp_path, W, table, tokens, isa, threads, b, version=2)
+    # relative to each row's own magnitude: rows span 2^24
+    rows = np.abs(ref).max(axis=1, keepdims=True) + (np.abs(b).max() if bias else 0) + 1e-30
+    assert_close(out / rows, ref / rows, tol.FP8_LINEAR_RTOL, tol.FP8_LINEAR_ATOL, "linear_fp8@2")
 
 
 def test_activation_rounding_is_exact(tmp_path):
@@ -137,3 +158,6 @@ def test_fp8_errors(tmp_path):
         load_err(plan, [emb, q, s, f32_entry("xs", np.array([bad], np.float32))], "input_scale must be a positive")
     load_err(fp8_plan(N, K, True), [emb, q, s, xs, zeros_entry("b", "float32", "row_major", (N - 1,))],
              "weight b: shape")
+    # @2 (dynamic scales) reads no input_scale: the third weight is a bias of shape [N]
+    load_err(fp8_plan(N, K, True, version=2), [emb, q, s, f32_entry("b", np.array([0.5], np.float32))],
+             r"linear_fp8@2: weight b: shape \[1\], expected \[40\]")

@@ -1,4 +1,4 @@
-"""Quantized linear kernels (linear_w8a16@1, linear_w4a16@1) run through bessemer._C.
+"""Quantized linear kernels (linear_w8a16@1, linear_w4a16@1/@2/@3) run through bessemer._C.
 
 Each test writes a single-op rank file (an f32 embedding feeds the activations, then the
 quantized linear) with the reference packers of bessemer.quantization, and compares with
@@ -28,6 +28,11 @@ from bessemer.format.layouts import (  # noqa: E402
     pack_panel16_int4_k8,
     packed_nbytes,
     unpack_panel16_int4_k8,
+)
+from bessemer.quantization.scale_search import (  # noqa: E402
+    dequantize_symmetric,
+    int4_symmetric_scales,
+    symmetric_codes,
 )
 from bessemer.quantization.primitives import (  # noqa: E402
     dequantize_int4,
@@ -64,9 +69,22 @@ def w8_entries(W):
     return ents, dequantize_int8_per_channel(q, s)
 
 
-def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
+def w4_symmetric_entries(W, G, layout, params):
+    """linear_w4a16@3: symmetric codes and their (searched) scales only, w = s * (code - 8)."""
+    s = int4_symmetric_scales(W, G)
+    if params == "float32":  # full-precision values, as in w4_entries
+        s = (s * (1 + 1e-3 * np.random.default_rng(0).random(s.shape, dtype=np.float32))).astype(np.float32)
+    codes = symmetric_codes(W, s, G)
+    ents = [entry("c", "int4", layout, codes.shape, pack_int4_codes(codes, layout)),
+            entry("s", params, "panel16", s.shape, encode(s, params, "panel16"))]
+    return ents, dequantize_symmetric(codes, s, G)
+
+
+def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32", version=1):
     """params: stored dtype of scales/offsets; fp32 ones are nudged off the bf16 values
     int4_group_params returns, so that fp32 storage is tested with full-precision values."""
+    if version >= 3:
+        return w4_symmetric_entries(W, G, layout, params)
     s, o = int4_group_params(W, G, zero_point)
     if params == "float32":
         nudge = 1 + 1e-3 * np.random.default_rng(0).random(s.shape, dtype=np.float32)
@@ -80,7 +98,7 @@ def w4_entries(W, G, zero_point, layout="panel16_int4", params="float32"):
 
 def quant_plan(kind, N, K, bias, G=None, x_col=3, y_col=2, version=1):
     """embedding -> quantized linear; x at column x_col of a wider buffer, y at y_col."""
-    ws = ["q", "s"] if kind == "w8" else ["c", "s", "o"]
+    ws = ["q", "s"] if kind == "w8" else (["c", "s"] if version >= 3 else ["c", "s", "o"])
     if bias:
         ws.append("b")
     attrs = {} if kind == "w8" else {"group_size": G}
@@ -103,7 +121,7 @@ def executor(path, isa, threads=2):
 def run_quant(tmp_path, kind, W, table, tokens, isa, threads, bias=None, G=None, zero_point=True, version=1,
               layout="panel16_int4", params="float32"):
     N, K = W.shape
-    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point, layout, params)
+    ents, Wd = w8_entries(W) if kind == "w8" else w4_entries(W, G, zero_point, layout, params, version)
     ents = [f32_entry("emb", table)] + ents + ([f32_entry("b", bias)] if bias is not None else [])
     plan = quant_plan(kind, N, K, bias is not None, G, version=version)
     path = write(tmp_path / f"{kind}.engine", plan, ents)
@@ -143,7 +161,8 @@ W4_CASES = [  # M, N, K, G, bias, zero_point, threads
 
 
 W4_FORMS = [(1, "panel16_int4", "float32"), (2, "panel16_int4", "float32"), (2, "panel16_int4_k8", "float32"),
-            (2, "panel16_int4_k8", "bfloat16")]  # (version, codes layout, params dtype); the last is the builder's
+            (2, "panel16_int4_k8", "bfloat16"),  # (version, codes layout, params dtype): the builder's asymmetric
+            (3, "panel16_int4", "float32"), (3, "panel16_int4_k8", "bfloat16")]  # @3: symmetric, no offsets
 
 
 @pytest.mark.parametrize("version,layout,params", W4_FORMS)
@@ -152,10 +171,13 @@ W4_FORMS = [(1, "panel16_int4", "float32"), (2, "panel16_int4", "float32"), (2, 
 def test_linear_w4a16(tmp_path, version, layout, params, isa, M, N, K, G, bias, zero_point, threads):
     """@1: fp32 activations; @2: activations rounded to bf16 (nearest even), then the same
     math (AVX-512 BF16 dot products where the CPU has them, else the @1 kernels on bf16(x));
+    @3: @2 on symmetric codes with scales only (zero_point does not apply);
     @2 with panel16_int4_k8 codes: the shift decode, or (avx2) the codes re-laid at load;
     bf16 scales/offsets: read as bf16, or (avx2) widened to fp32 at load."""
     if layout == "panel16_int4_k8" and K % 8:
         pytest.skip("panel16_int4_k8 needs K a multiple of 8")
+    if version == 3 and zero_point:
+        pytest.skip("@3 has no offsets: zero_point does not apply")
     rng = np.random.default_rng(M * 1000 + N + K + G)
     table = rng.standard_normal((V, K)).astype(np.float32)
     W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
@@ -220,6 +242,25 @@ def test_sqnr_vs_fp32(tmp_path, isa):
     for zp in (True, False):
         out4, _ = run_quant(tmp_path, "w4", W, table, tokens, isa, 2, G=64, zero_point=zp)
         assert sqnr_db(ref, out4) >= tol.W4_G64_MIN_SQNR_DB, zp
+    out4, _ = run_quant(tmp_path, "w4", W, table, tokens, isa, 2, G=64, version=3, layout="panel16_int4_k8",
+                        params="bfloat16")
+    assert sqnr_db(ref, out4) >= tol.W4_G64_MIN_SQNR_DB, "symmetric @3"
+
+
+def test_w4_symmetric_errors(tmp_path):
+    """@3 reads codes and scales only: an offsets tensor in its place is a bias of the wrong shape."""
+    N, K, G = 40, 96, 32
+    emb = f32_entry("emb", np.ones((V, K), np.float32))
+    c = zeros_entry("c", "int4", "panel16_int4_k8", (N, K))
+    s = zeros_entry("s", "bfloat16", "panel16", (N, K // G))
+    o = zeros_entry("o", "bfloat16", "panel16", (N, K // G))
+    plan = quant_plan("w4", N, K, False, G, version=3)
+    plan["steps"][1]["weights"] = ["c", "s", "o", "o"]
+    _load_err(tmp_path, plan, [emb, c, s, o], "linear_w4a16@3")
+    offsets_as_bias = zeros_entry("b", "bfloat16", "panel16", (N, K // G))
+    _load_err(tmp_path, quant_plan("w4", N, K, True, G, version=3), [emb, c, s, offsets_as_bias], "weight b: dtype bfloat16")
+    path = write(tmp_path / "t.engine", quant_plan("w4", N, K, False, G, version=3), [emb, c, s])
+    _C.Executor(_C.EngineFile(str(path)), 1, 16, 1)  # loads
 
 
 # ---------------------------------------------------------------- errors

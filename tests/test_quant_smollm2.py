@@ -5,10 +5,15 @@ Calibration uses the held-out second half of the file (conftest.calibration_text
 samples so CI stays quick; the closing notes' table uses bench/quant.py's larger protocol.
 """
 
+import copy
+import json
+
+import numpy as np
 import pytest
 
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
+from bessemer.quantization import primitives as prim
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.evaluate import perplexity, windows
 from bessemer.runtime.llm import LLM
@@ -50,3 +55,43 @@ def test_w4a16_awq_and_gptq_beat_round_to_nearest(smollm2_dir, score_windows, tm
                                                           calib_data=str(calibration_text), **CALIB))
     print(f"w4a16 g64 ppl vs fp32 {base:.4f}: RTN {rtn:.4f}, AWQ {awq:.4f}, GPTQ {gptq:.4f}")
     assert awq < rtn and gptq < rtn
+
+
+def _q4_0_rule(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q4_0 (quantize_row_q4_0_ref, no importance matrix), as the reference of
+    "4.5 bits per weight": groups of 32, d = v / -8 for the weight v of largest magnitude,
+    stored in fp16, codes min(15, trunc(x / d + 8.5)), w = d * (code - 8)."""
+    g = w.reshape(w.shape[0], -1, 32).astype(np.float32)
+    v = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)
+    d = (v / -8.0).astype(np.float16).astype(np.float32)
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
+    codes = np.minimum(15, np.trunc(g * inv + 8.5))
+    return ((codes - 8) * d).reshape(w.shape)
+
+
+def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, score_windows, tmp_path, calibration_text):
+    """Symmetric g32 (bf16 scales, no offsets: 4.5 bits per weight, Q4_0's price) with GPTQ
+    codes on searched scales: lower held-out perplexity than HF running the same checkpoint
+    with Q4_0-rounded decoder weights (and the engine's int8 lm_head table)."""
+    import torch
+
+    from bessemer.runtime.evaluate import hf_score_fn
+    from conftest import _hf_model
+
+    wins, base = score_windows
+    quant = QuantConfig("w4a16-gptq", group_size=32, calib_data=str(calibration_text), **CALIB)
+    engine = build_engine(smollm2_dir, tmp_path / "gptq-g32", BuildConfig(max_seq_len=1024, quant=quant))
+    bits = json.loads((engine / "build_report.json").read_text())["bits_per_weight"]
+    assert bits["decoder"]["bpw"] == 4.5
+    ppl = perplexity(LLM(engine, num_threads=2).score, wins).perplexity
+    hf = copy.deepcopy(_hf_model(str(smollm2_dir), "float32"))
+    with torch.no_grad():
+        for name, mod in hf.named_modules():
+            if isinstance(mod, torch.nn.Linear):  # lm_head: the tied table, int8 as in the engine
+                w = mod.weight.numpy()
+                approx = (prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w)) if name == "lm_head"
+                          else _q4_0_rule(w))
+                mod.weight.copy_(torch.from_numpy(approx))
+    q4_0 = perplexity(hf_score_fn(hf), wins).perplexity
+    print(f"4.5 bpw ppl vs fp32 {base:.4f}: gptq g32 {ppl:.4f}, Q4_0 rule {q4_0:.4f}")
+    assert ppl < q4_0

@@ -11,6 +11,7 @@ from bessemer.builder.config import BuildConfig
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.config import QuantConfig
+from bessemer.quantization.scale_search import int4_grid
 from bessemer.runtime.llm import LLM
 from conftest import _hf_model
 from tolerances import (FAKE_QUANT_LOGITS_ATOL, FAKE_QUANT_LOGITS_RTOL, SQNR_INT4_G64_DB, SQNR_INT8_DB,
@@ -89,7 +90,7 @@ def _fake_quantize_hf(model, quant: QuantConfig):
                 approx = prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w))
             else:
                 g = prim.effective_group_size(w.shape[1], quant.group_size)
-                scale, offset = prim.int4_group_params(w, g, quant.zero_point)
+                scale, offset = int4_grid(w, g, quant.zero_point)  # the builder's grid
                 approx = prim.dequantize_int4(prim.quantize_int4(w, scale, offset, g), scale, offset, g)
             mod.weight.copy_(torch.from_numpy(approx))
             if quant.bits == 4 and name != "lm_head":
@@ -111,10 +112,11 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                ("gemma3", QuantConfig("w4a16", group_size=32)),
                # MoE: attention (and Qwen3-MoE's dense layer 1) quantized; routers and experts in fp32
                ("qwen3-moe", QuantConfig("w8a16")), ("mixtral", QuantConfig("w4a16", group_size=32)),
-               ("gpt-oss", QuantConfig("w8a16"))]
+               ("gpt-oss", QuantConfig("w8a16")), ("qwen2-moe", QuantConfig("w8a16"))]
 # quantized linears besides lm_head: qkv, o, gate_up, down per layer, fewer where a layer's
 # MLP is a moe op (its experts and router are not linears the quantize pass stores quantized)
-QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2, "gpt-oss": 2 + 2}
+QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2, "gpt-oss": 2 + 2,
+                     "qwen2-moe": 2 * 5}  # + the shared expert's gate_up, down and its sigmoid gate
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,
@@ -136,6 +138,19 @@ def test_quantized_engine_matches_fake_quantized_hf(kind, quant, tiny_checkpoint
     from bessemer.runtime.inspect import describe, format_description
 
     text = format_description(describe(engine))
+    # symmetric int4 stores scales only (4 + 16/G bits per weight), asymmetric offsets too
+    header = json.loads(_C_header(engine))
+    names = {t["name"] for t in header["tensors"]}
+    has_offsets = any(n.endswith(".offsets") for n in names)
+    assert has_offsets == (quant.bits == 4 and quant.zero_point)
+    w4_versions = {s["version"] for s in header["plan"]["steps"] if s["op"] == "linear_w4a16"}
+    assert w4_versions == (set() if quant.bits == 8 else {2} if quant.zero_point else {3})
+    bits = report["bits_per_weight"]
+    assert describe(engine)["bits_per_weight"] == bits and f"decoder {bits['decoder']['bpw']:.2f}" in text
+    if quant.bits == 4 and kind not in QUANTIZED_LINEARS:  # MoE experts stay fp32 and count as such
+        # bf16 parameters per group; down_proj's K = 88 is one group
+        per_group = 16 * (2 if quant.zero_point else 1)
+        assert 4 + per_group / 88 <= bits["decoder"]["bpw"] <= 4 + per_group / quant.group_size
     worst = min(report["quant_error"].items(), key=lambda kv: kv[1]["sqnr_db"])
     assert f"SQNR min {worst[1]['sqnr_db']:.1f} dB" in text and worst[0] in text  # inspect shows them
     config = json.loads((engine / "config.json").read_text())

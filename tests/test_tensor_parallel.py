@@ -229,10 +229,8 @@ def test_tp2_equals_tp1_quantized_kv_cache(kv, tiny_engine):
     _compare(tiny_engine("llama-untied", **opts), tiny_engine("llama-untied", tp_size=2, **opts), 250, kv)
 
 
-@pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq", "fp8"])
-def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
-    """GPTQ, AWQ and fp8 (GPTQ-rounded) on a tiny model with SmolLM2's tokenizer (calibration needs one): one
-    calibration, then each rank takes its slice of the same codes (GPTQ on whole rows)."""
+def _calibrated_tp_engines(mode, smollm2_dir, tmp_path, monkeypatch, **options):
+    """A tiny model with SmolLM2's tokenizer (calibration needs one), built at TP=1 and TP=2."""
     from bessemer.builder.build import build_engine
     from conftest import WIKITEXT
 
@@ -240,11 +238,41 @@ def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (smollm2_dir / name).exists():
             shutil.copyfile(smollm2_dir / name, ckpt / name)
-    quant = QuantConfig(mode, group_size=32, calib_data=str(WIKITEXT), calib_samples=4, calib_seq_len=32)
+    quant = QuantConfig(mode, group_size=32, calib_data=str(WIKITEXT), calib_samples=4, calib_seq_len=32, **options)
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     e1 = build_engine(ckpt, tmp_path / "tp1", BuildConfig(quant=quant))
     e2 = build_engine(ckpt, tmp_path / "tp2", BuildConfig(quant=quant, tp_size=2), workers=2)
+    return ckpt, e1, e2
+
+
+@pytest.mark.parametrize("mode", ["w4a16-gptq", "w4a16-awq", "fp8"])
+def test_tp2_equals_tp1_calibrated(mode, smollm2_dir, tmp_path, monkeypatch):
+    """GPTQ, AWQ and fp8 (GPTQ-rounded, static activation scales): one calibration, then each
+    rank takes its slice of the same codes (GPTQ on whole rows) and the same scales."""
+    options = dict(fp8_activations="static") if mode == "fp8" else {}
+    _, e1, e2 = _calibrated_tp_engines(mode, smollm2_dir, tmp_path, monkeypatch, **options)
     _compare(e1, e2, 49152, mode)
+
+
+def test_tp2_fp8_dynamic_is_as_close_to_hf_as_tp1(smollm2_dir, tmp_path, monkeypatch):
+    """Dynamic per-token fp8 scales come from the activations each rank holds: a row-parallel
+    linear (o_proj, down_proj) scales its K shard by that shard's own max |x| (as vLLM's
+    row-parallel fp8 layers do), so TP=2 is not bit-equal to TP=1, only as accurate: its error
+    against HF fp32 stays within FP8_DYNAMIC_TP_ERROR_RATIO of TP=1's."""
+    from conftest import hf_logits
+    from tolerances import FP8_DYNAMIC_TP_ERROR_RATIO
+
+    ckpt, e1, e2 = _calibrated_tp_engines("fp8", smollm2_dir, tmp_path, monkeypatch, fp8_activations="dynamic")
+    prompts = _prompts(49152)
+    one, two = LLM(e1, num_threads=1), LLM(e2)
+    try:
+        for ids, a, b in zip(prompts, one.score(prompts, num_prefill=4), two.score(prompts, num_prefill=4)):
+            ref = hf_logits(ckpt, ids)
+            err1, err2 = np.abs(a - ref).max(), np.abs(b - ref).max()
+            print(f"fp8 dynamic: max |logits - HF fp32| tp1 {err1:.4f}, tp2 {err2:.4f}")
+            assert err1 > 0 and err2 <= FP8_DYNAMIC_TP_ERROR_RATIO * err1, (err1, err2)
+    finally:
+        two.close()
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +415,7 @@ def test_hung_rank_times_out(tiny_engine):
     try:
         with pytest.raises(TensorParallelError, match=r"rank 1 did not reach the collective within 2 s"):
             llm.generate([[1, 2, 3]], GREEDY)
-        assert time.monotonic() - t < 10
+        assert time.monotonic() - t < 2 + 2  # the timeout, then the hung rank is killed at once (was ~7 s)
     finally:
         if worker.poll() is None:  # the failed step already stopped (killed and reaped) it
             os.kill(worker.pid, signal.SIGCONT)
@@ -422,7 +450,7 @@ def test_workers_exit_when_rank0_hangs(tiny_engine):
     try:
         worker = psutil.Process(int(proc.stdout.readline()))
         proc.send_signal(signal.SIGSTOP)  # rank 0 (and its heartbeat) stops
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 2 + 2  # tp_timeout_s without a heartbeat, and a margin
         while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE

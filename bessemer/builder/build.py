@@ -28,6 +28,8 @@ from bessemer.builder.pipeline import run_passes
 from bessemer.builder.weights import WeightSource
 from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
+from bessemer.format.layouts import packed_nbytes
+from bessemer.quantization.bits import bits_per_weight, format_bits
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 from bessemer.models.rope import max_exact_positions
@@ -270,6 +272,9 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                   "engine_bytes": sum(r["size"] for r in ranks),
                   "quant": build.quant.to_json() if build.quant else None,
                   "quant_error": quant_error,
+                  "bits_per_weight": bits_per_weight(
+                      [(t["name"], tuple(t["shape"]), packed_nbytes(tuple(t["shape"]), t["dtype"], t["layout"]))
+                       for t in r["tensors"]] for r in ranks),
                   "calibration": calibration.report if calibration else None,
                   "workers": min(workers, n),
                   **({"kernels": ranks[0]["compiled_kernels"]} if ranks[0]["compiled_kernels"] else {}),
@@ -277,6 +282,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                              "peak_rss_mib": r["peak_rss_mib"]} for i, r in enumerate(ranks)],
                   "tensors": ranks[0]["tensors"]}
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+        if build.quant:
+            say(f"weights stored at {format_bits(report['bits_per_weight'])}")
         _commit_output(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -19,6 +19,7 @@ def _terminated(signum, frame):
 
 
 QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
+               "fp8_activations",
                "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
 
@@ -79,13 +80,17 @@ def _load_yaml(path: str) -> dict:
               help="GPTQ: quantize columns by decreasing activation energy. [default: on for w4a16-gptq, off for fp8]")
 @click.option("--fp8-rounding", type=click.Choice(["nearest", "gptq"]),
               help="fp8: E4M3 codes by round to nearest, or by GPTQ on the same per-channel grid. [default: gptq]")
+@click.option("--fp8-activations", type=click.Choice(["dynamic", "static"]),
+              help="fp8: activation scales per token in the kernel, or one calibrated scale per linear input. "
+                   "[default: dynamic]")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
          workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
-         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, dump_ir, config_file, quiet):
+         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, fp8_activations, dump_ir,
+         config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     # SIGTERM unwinds like an error: the build's cleanup removes its temp directory
     signal.signal(signal.SIGTERM, _terminated)
@@ -99,7 +104,7 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
                  max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
                  tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
-                 fp8_rounding=fp8_rounding, lm_head=lm_head,
+                 fp8_rounding=fp8_rounding, fp8_activations=fp8_activations, lm_head=lm_head,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)

@@ -2,7 +2,9 @@
 
 `--dataset wikitext2` (bessemer eval, engines.yaml perplexity gates) and `--calib-data wikitext2`
 (calibrated quantization) name the WikiText-2 validation split in this package
-(wikitext-2/README.md: source and CC BY-SA 3.0 license); any other value is a file path.
+(wikitext-2/README.md: source and CC BY-SA 3.0 license); `--dataset hamlet` names Shakespeare's
+Hamlet (hamlet/README.md: public domain, transcription MIT), a second held-out text that no
+calibration uses; any other value is a file path.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 
 # name -> file in this package
-BUILTIN_TEXTS = {"wikitext2": "wikitext-2/valid.txt"}
+BUILTIN_TEXTS = {"wikitext2": "wikitext-2/valid.txt", "hamlet": "hamlet/hamlet.txt"}
 
 
 def text_path(name_or_path: str | Path, base: Path | None = None) -> Path:
@@ -27,3 +29,8 @@ def text_path(name_or_path: str | Path, base: Path | None = None) -> Path:
 def wikitext2_valid() -> Path:
     """The WikiText-2 validation split (tests, benchmarks)."""
     return text_path("wikitext2")
+
+
+def hamlet() -> Path:
+    """Shakespeare's Hamlet: a held-out text of another register (tests, benchmarks)."""
+    return text_path("hamlet")

@@ -4,7 +4,8 @@ Ids are stable numbers: an id is never reused for another meaning. A layout is p
 contract (its byte order is defined here, by its packer, and read by kernels); which layout
 a weight is stored in is a target's choice (targets/<name>/lowering.py).
 
-    row_major        C order over `shape`.
+    row_major        C order over `shape`; 4-bit codes two per byte, the first (even index)
+                     in the low nibble (the cuda target's int4 weights).
     panel16          a [N, K] matrix (out_features, in_features) stored as ceil(N/16) panels
                      of 16 output rows; element W[16p + j, k] lives at index (p*K + k)*16 + j;
                      rows past N are zero. Lets a GEMM/GEMV kernel read 16 outputs' weights
@@ -149,8 +150,18 @@ def unpack_panel16_int4_k8(packed: np.ndarray, n: int, k: int) -> np.ndarray:
     return np.ascontiguousarray(nib.transpose(0, 2, 1, 4, 5, 3)).reshape(n_pad, k)[:n]
 
 
+def pack_int4_row_major(codes: np.ndarray) -> np.ndarray:
+    """codes (..., K) in 0..15, K even -> (..., K / 2) bytes: code 2j low nibble, 2j + 1 high."""
+    c = np.asarray(codes, np.uint8)
+    if c.shape[-1] % 2:
+        raise ValueError(f"int4 row_major needs an even last dimension, got {c.shape[-1]}")
+    return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4)).reshape(-1)
+
+
 def pack_int4_codes(codes: np.ndarray, layout_name: str) -> np.ndarray:
-    """codes (N, K) in 0..15 in one of the int4 layouts (panel16_int4 or panel16_int4_k8)."""
+    """codes (N, K) in 0..15 in one of the int4 layouts (panel16_int4, panel16_int4_k8, row_major)."""
+    if layout_name == "row_major":
+        return pack_int4_row_major(codes)
     if layout_name == "panel16_int4_k8":
         return pack_panel16_int4_k8(codes)
     if layout_name == "panel16_int4":

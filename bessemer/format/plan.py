@@ -63,7 +63,11 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    per 32 weights; re-laid once at load for @1's kernels on other CPUs);
                    scales and offsets f32 or bf16 (one dtype; the builder writes bf16: half
                    the parameter bytes; widened once at load for @1's kernels).
-                   What the builder emits; @1 engines still run
+                   What the builder emits for asymmetric codes; @1 engines still run
+    linear_w4a16@3 as @2 for symmetric codes: weights [codes, scales, bias?], no offsets;
+                   w[n, k] = scales[n, k/G] * (codes[n, k] - 8), so y = sum over groups g of
+                   scales[:, g] * (x_g @ codes_g.T - 8 * sum(x_g)) (+ bias). What the builder
+                   emits for symmetric int4 (4 + 16/G bits per weight)
     linear_w8a8@1  ins [x]; outs [y]; weights [q (int8 vnni16 [N, K]), w_scales (f32 [N]),
                    wsum (int32 [N] = sum_k q[n, k]), smooth (f32 [K], only when attr
                    has_smooth = 1), bias?]; attrs has_smooth (0/absent or 1)
@@ -77,6 +81,10 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    y = (e4m3(x / s_x) @ e4m3_decode(codes).T) * s_x * scales (+ bias); e4m3()
                    rounds to nearest even on the OCP E4M3FN grid and saturates at +-448
                    (quantization/fp8.py); fp32 accumulation of exact E4M3 products
+    linear_fp8@2   as @1 with a dynamic scale per token: weights [codes, scales, bias?] (no
+                   input_scale); s_x[t] = max_k |x[t, k]| / 448 (1 for an all-zero row),
+                   computed in the kernel; y[t] = (e4m3(x[t] / s_x[t]) @ decode(codes).T) *
+                   s_x[t] * scales (+ bias). What the builder emits for fp8 by default
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gelu_tanh_mul@1 ins [gate, up]; outs [h]; h = gelu_tanh(gate) * up (Gemma's MLP)
     scale@1        ins [x]; outs [y]; attrs factor; y = x * factor (Gemma's embeddings, Granite)

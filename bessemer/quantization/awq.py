@@ -19,7 +19,12 @@ GRID = 20
 
 
 def fake_quant_int4(w: np.ndarray, group: int, zero_point: bool) -> np.ndarray:
-    scale, offset = prim.int4_group_params(w, group, zero_point)
+    """w on the builder's grid (scale_search.int4_grid) without the per-group scale search,
+    which would cost its 33 candidates at each of the GRID alphas; the final codes are
+    searched."""
+    from bessemer.quantization.scale_search import int4_grid
+
+    scale, offset = int4_grid(w, group, zero_point, search=False)
     return prim.dequantize_int4(prim.quantize_int4(w, scale, offset, group), scale, offset, group)
 
 

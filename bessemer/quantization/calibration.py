@@ -55,6 +55,15 @@ def _content_hash(model_dir: Path, spec: CalibrationSpec, tag: str = "") -> str:
     return h.hexdigest()[:32]
 
 
+# checkpoint module paths that transformers 5 renamed at load: (old, new) path components
+MODULE_RENAMES = ((".block_sparse_moe.", ".mlp."),)  # Mixtral's sparse block
+
+
+def _module_paths(name: str) -> list[str]:
+    """The HF module path of a checkpoint module path, as stored and as renamed."""
+    return [name] + [name.replace(old, new) for old, new in MODULE_RENAMES if old in name]
+
+
 def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int]]:
     from tokenizers import Tokenizer
 
@@ -111,12 +120,21 @@ def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
             s["sample"].append(x[torch.from_numpy(np.sort(rows))].numpy())
         return record
 
-    keys = set(inputs)
-    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and name in keys]
-    if len(handles) != len(keys):
-        found = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-        raise BessemerError(f"calibration: the checkpoint's HF model has no linear module {sorted(keys - found)[0]}")
+    # the modules whose first input a recorded linear reads: nn.Linear, or a MoE router (its
+    # own module class in transformers 5, a linear of its first input all the same), found by
+    # their checkpoint path or the path transformers gives them now
+    modules = dict(model.named_modules())
+    handles, missing = [], []
+    for name in sorted(set(inputs)):
+        runtime = next((a for a in _module_paths(name) if a in modules), None)
+        if runtime is None:
+            missing.append(name)
+        else:
+            handles.append(modules[runtime].register_forward_hook(hook(name)))
+    if missing:
+        for h in handles:
+            h.remove()
+        raise BessemerError(f"calibration: the checkpoint's HF model has no module {missing[0]}")
     try:
         with torch.no_grad():
             for i, w in enumerate(wins):

@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 
-QUANT_CONFIG_VERSION = 4  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
-# 4: int4 group scales and offsets are bf16 values, stored as bf16
+QUANT_CONFIG_VERSION = 5  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
+# 4: int4 group scales and offsets are bf16 values, stored as bf16; 5: symmetric int4 stores
+# no offsets (w = scale * (code - 8), all 16 levels) and its scales are searched
+# (quantization/scale_search.py)
 # mode -> (weight bits, algorithm); names as TensorRT-LLM users know them
 MODES = {
     "w8a16": (8, "rtn"),
@@ -53,6 +55,10 @@ GROUP_SIZES = (32, 64, 128)
 # kernel). gptq is the default: SmolLM2, WikiText-2 8192 tokens, context 1024, fp32 16.2438:
 # nearest 16.8229 (+3.57%), gptq 16.4797 (+1.45%); it costs the Hessians and ~20 s of build.
 FP8_ROUNDINGS = ("nearest", "gptq")
+# fp8 activation scales: "dynamic" (per token, max|x| / 448 of each row, in the kernel:
+# linear_fp8@2) or "static" (one per linear input, the calibrated max|x| / 448: linear_fp8@1).
+FP8_ACTIVATIONS = ("dynamic", "static")
+FP8_ACTIVATIONS_DEFAULT = "dynamic"
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class QuantConfig:
     # ppl, SmolLM2 g64: 23.4 with vs 27.3 without, RTN 25.1), off for fp8 (no gain measured)
     act_order: bool | None = None
     fp8_rounding: str | None = None  # fp8: FP8_ROUNDINGS; None: "gptq" (see FP8_ROUNDINGS)
+    fp8_activations: str | None = None  # fp8: FP8_ACTIVATIONS; None: FP8_ACTIVATIONS_DEFAULT
     calib_data: str | None = None  # plain-text file (AWQ and GPTQ)
     calib_samples: int = 64
     calib_seq_len: int = 512
@@ -82,12 +89,20 @@ class QuantConfig:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
             raise InvalidOptionError(f"--zero-point applies to 4-bit modes only; {self.mode} is symmetric per channel")
-        if self.algorithm in CALIBRATED and not self.calib_data:
-            raise InvalidOptionError(f"--quant {self.mode} needs calibration text: pass --calib-data FILE")
-        if self.act_order is None:
-            object.__setattr__(self, "act_order", self.mode == "w4a16-gptq")
+        if self.fp8_activations is None and self.mode == "fp8":
+            object.__setattr__(self, "fp8_activations", FP8_ACTIVATIONS_DEFAULT)
+        if self.fp8_activations is not None and self.mode != "fp8":
+            raise InvalidOptionError("--fp8-activations applies to --quant fp8 only")
+        if self.mode == "fp8" and self.fp8_activations not in FP8_ACTIVATIONS:
+            raise InvalidOptionError(f"--fp8-activations must be one of {', '.join(FP8_ACTIVATIONS)}, "
+                                     f"got {self.fp8_activations!r}")
         if self.fp8_rounding is None:
             object.__setattr__(self, "fp8_rounding", "gptq" if self.mode == "fp8" else "nearest")
+        if self.needs_calibration and not self.calib_data:
+            what = " (static activation scales or GPTQ rounding)" if self.mode == "fp8" else ""
+            raise InvalidOptionError(f"--quant {self.mode}{what} needs calibration text: pass --calib-data FILE")
+        if self.act_order is None:
+            object.__setattr__(self, "act_order", self.mode == "w4a16-gptq")
         if self.fp8_rounding not in FP8_ROUNDINGS:
             raise InvalidOptionError(f"--fp8-rounding must be one of {', '.join(FP8_ROUNDINGS)}, "
                                      f"got {self.fp8_rounding!r}")
@@ -136,6 +151,9 @@ class QuantConfig:
 
     @property
     def needs_calibration(self) -> bool:
+        """fp8 with dynamic activation scales and round-to-nearest codes has nothing to calibrate."""
+        if self.mode == "fp8":
+            return self.fp8_activations == "static" or self.fp8_rounding == "gptq"
         return self.algorithm in CALIBRATED
 
     def to_json(self) -> dict:
@@ -144,20 +162,28 @@ class QuantConfig:
         d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="bfloat16" if self.bits == 4 else "float32",
                  granularity="per_channel" if self.bits == 8 else "per_group")
         d["weight_dtype"] = self.weight_dtype
-        if self.mode == "fp8":  # static activation scales: one per linear input, in the rank file
+        if self.mode == "fp8" and self.fp8_activations == "static":  # one per linear input, in the rank file
             d.update(activation_dtype="float8_e4m3", activation_granularity="per_tensor",
                      activation_scales="static: calibrated max|x| / 448 (tensor <weight>.input_scale)",
                      weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
+        elif self.mode == "fp8":
+            d.update(activation_dtype="float8_e4m3", activation_granularity="per_token",
+                     activation_scales="dynamic: max|x| / 448 of each token, in the kernel",
+                     weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
+        if self.bits == 4:
+            d["group_params"] = ("scale, offset per group: w = scale * code + offset" if self.zero_point else
+                                 "scale per group (searched, no offset stored): w = scale * (code - 8)")
         if self.bits == 8:
             d.pop("group_size")
         if self.mode != "fp8":
             d.pop("fp8_rounding")
+            d.pop("fp8_activations")
         if self.act_bits == 8:
             d.update(act_bits=8, act_granularity="per_token_dynamic", act_symmetric=True)
         else:
             for key in ("smoothquant_alpha", "calib_backend", "o_proj_smoothing"):
                 d.pop(key)
-        if self.algorithm not in CALIBRATED:
+        if not self.needs_calibration:
             for key in ("calib_data", "calib_samples", "calib_seq_len", "act_order"):
                 d.pop(key)
         else:  # the file's name, not where it lay on the build machine

@@ -15,10 +15,10 @@ scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never nam
 
     Int8PerChannel  int8 codes + fp32 scale per output channel (w8a16; the int8 lm_head,
                     and the embedding table it shares when tied)
-    Int4Group       4-bit codes + bf16 scale and offset per group of K (w4a16*)
+    Int4Group       4-bit codes + bf16 scale (and, asymmetric, offset) per group of K (w4a16*)
     W8A8            int8 codes + scales + per-channel code sums (+ SmoothQuant 1/s) for the
                     int8 x int8 kernel (w8a8-sq)
-    Fp8E4M3         E4M3 codes + fp32 channel scales + the static input scale (fp8)
+    Fp8E4M3         E4M3 codes + fp32 channel scales (+ the static input scale) (fp8)
 """
 
 from __future__ import annotations
@@ -131,6 +131,10 @@ class Int8PerChannel(StoredFormat):
 
 @dataclass(frozen=True)
 class Int4Group(StoredFormat):
+    """4-bit codes per group of K. Asymmetric (zero_point): a bf16 scale and offset per group,
+    w = scale * code + offset (4 + 32/G bits per weight). Symmetric: a searched bf16 scale
+    only, w = scale * (code - 8) (4 + 16/G bits: g32 is 4.5, as llama.cpp's Q4_0)."""
+
     group_size: int
     zero_point: bool
     key = "int4_group"
@@ -141,22 +145,30 @@ class Int4Group(StoredFormat):
     def parts(self, shape):
         n, k = shape
         groups = (n, k // self.group_size)
-        return (Part("codes", "", tuple(shape), "int4"), Part("scales", ".scales", groups, self.param_dtype),
-                Part("offsets", ".offsets", groups, self.param_dtype))
+        parts = (Part("codes", "", tuple(shape), "int4"), Part("scales", ".scales", groups, self.param_dtype))
+        return parts + ((Part("offsets", ".offsets", groups, self.param_dtype),) if self.zero_point else ())
 
     def quantize(self, rows, calib):
+        from bessemer.quantization.scale_search import int4_grid
+
         g = self.group_size
         if calib.hessian is not None:
             from bessemer.quantization.gptq import gptq_int4
 
             codes, scale, offset = gptq_int4(rows, calib.hessian, g, self.zero_point, calib.act_order)
         else:
-            scale, offset = prim.int4_group_params(rows, g, self.zero_point)
+            scale, offset = int4_grid(rows, g, self.zero_point)
             codes = prim.quantize_int4(rows, scale, offset, g)
-        return {"codes": codes, "scales": scale, "offsets": offset}
+        q = {"codes": codes, "scales": scale}
+        if self.zero_point:  # symmetric: offset = -8 * scale, not stored
+            q["offsets"] = offset
+        return q
+
+    def offsets(self, q: dict[str, np.ndarray]) -> np.ndarray:
+        return q["offsets"] if self.zero_point else (-8.0 * q["scales"]).astype(np.float32)
 
     def dequantize(self, q):
-        return prim.dequantize_int4(q["codes"], q["scales"], q["offsets"], self.group_size)
+        return prim.dequantize_int4(q["codes"], q["scales"], self.offsets(q), self.group_size)
 
     def full_rows_for_k_shard(self, calib):
         return calib.hessian is not None  # round to nearest: groups are independent
@@ -164,8 +176,7 @@ class Int4Group(StoredFormat):
     def slice_columns(self, q, c0, c1):
         g = self.group_size
         assert c0 % g == 0 and c1 % g == 0, "the shard pass only cuts K on group boundaries"
-        return {"codes": q["codes"][:, c0:c1], "scales": q["scales"][:, c0 // g:c1 // g],
-                "offsets": q["offsets"][:, c0 // g:c1 // g]}
+        return {role: v[:, c0:c1] if role == "codes" else v[:, c0 // g:c1 // g] for role, v in q.items()}
 
     def column_split_error(self, k, cuts, rank):
         g = self.group_size
@@ -225,30 +236,40 @@ class W8A8(StoredFormat):
 
 @dataclass(frozen=True)
 class Fp8E4M3(StoredFormat):
+    """E4M3 codes + fp32 scale per output channel. dynamic: each token's activations are
+    scaled by their own max |x| / 448 in the kernel (nothing stored); else one static input
+    scale per weight, from the calibrated max |x|, stored as <weight>.input_scale."""
+
+    dynamic: bool = True
     key = "fp8_e4m3"
     bits = 8
     gptq_codes = True
-    needs_input_amax = True
+
+    @property
+    def needs_input_amax(self) -> bool:
+        return not self.dynamic
 
     def parts(self, shape):
         n, _ = shape
-        return (Part("codes", "", tuple(shape), "float8_e4m3"), Part("scales", ".scales", (n,), "float32"),
-                Part("input_scale", ".input_scale", (1,), "float32"))
+        parts = (Part("codes", "", tuple(shape), "float8_e4m3"), Part("scales", ".scales", (n,), "float32"))
+        return parts + (() if self.dynamic else (Part("input_scale", ".input_scale", (1,), "float32"),))
 
     def quantize(self, rows, calib):
         from bessemer.quantization import fp8
 
-        if calib.input_amax is None:
-            raise ValueError("fp8 needs the calibrated max |x| of the weight's input")
+        if not self.dynamic and calib.input_amax is None:
+            raise ValueError("fp8 with static activation scales needs the calibrated max |x| of the weight's input")
         if calib.hessian is not None:
             from bessemer.quantization.gptq import gptq_fp8
 
             codes, scale = gptq_fp8(rows, calib.hessian, calib.act_order)
         else:
             codes, scale = fp8.quantize_fp8_per_channel(rows)
-        return {"codes": codes, "scales": scale,
-                "input_scale": np.array([fp8.activation_scale(calib.input_amax)], np.float32),
-                "input_amax": np.float32(calib.input_amax)}
+        q = {"codes": codes, "scales": scale}
+        if not self.dynamic:
+            q.update(input_scale=np.array([fp8.activation_scale(calib.input_amax)], np.float32),
+                     input_amax=np.float32(calib.input_amax))
+        return q
 
     def dequantize(self, q):
         from bessemer.quantization import fp8
@@ -256,9 +277,11 @@ class Fp8E4M3(StoredFormat):
         return fp8.dequantize_fp8_per_channel(q["codes"], q["scales"])
 
     def stats(self, w, q):
-        return dict(super().stats(w, q), dtype="float8_e4m3", input_amax=float(q["input_amax"]),
-                    input_scale=float(q["input_scale"][0]))
-
+        stats = dict(super().stats(w, q), dtype="float8_e4m3",
+                     activation_scales="dynamic per token" if self.dynamic else "static")
+        if not self.dynamic:
+            stats.update(input_amax=float(q["input_amax"]), input_scale=float(q["input_scale"][0]))
+        return stats
 
 
 def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat:
@@ -267,7 +290,7 @@ def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat
     if quant.act_bits == 8:
         return W8A8(smooth=smooth)
     if quant.weight_dtype == "float8_e4m3":
-        return Fp8E4M3()
+        return Fp8E4M3(dynamic=quant.fp8_activations == "dynamic")
     if quant.bits == 8:
         return Int8PerChannel()
     return Int4Group(prim.effective_group_size(in_features, quant.group_size), quant.zero_point)

@@ -1,5 +1,5 @@
 """FP8 E4M3 primitives (OCP FP8 E4M3FN): round, encode, decode, per-channel weights and
-static per-tensor activations. The reference the linear_fp8 kernel is tested against.
+static per-tensor or dynamic per-token activations. The reference the linear_fp8 kernel is tested against.
 
 E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; 0x7F / 0xFF are NaN,
 so the largest finite value is 448 = 1.75 * 2^8. Normal values 2^(e-7) * (1 + m/8) for
@@ -79,21 +79,31 @@ def activation_scale(amax: float) -> np.float32:
     return np.float32(amax / np.float32(E4M3_MAX)) if amax > 0 else np.float32(1.0)
 
 
-def quantize_activation(x: np.ndarray, scale: float) -> np.ndarray:
+def token_scales(x: np.ndarray) -> np.ndarray:
+    """Dynamic per-token activation scales (linear_fp8@2): max |x[t]| / 448 in fp32 (1 for an
+    all-zero row). x: (T, K) -> (T, 1) float32, to broadcast over K."""
+    amax = np.abs(np.asarray(x, np.float32)).max(axis=1)
+    return np.where(amax > 0, amax / np.float32(E4M3_MAX), 1.0).astype(np.float32)[:, None]
+
+
+def quantize_activation(x: np.ndarray, scale) -> np.ndarray:
     """E4M3 values of x / scale (fp32 division, then round_to_e4m3): what linear_fp8 feeds
-    its GEMM. x: (T, K) -> (T, K) float32 on the E4M3 grid."""
-    return round_to_e4m3(np.asarray(x, np.float32) / np.float32(scale))
+    its GEMM. x: (T, K) -> (T, K) float32 on the E4M3 grid; scale: a float (static) or
+    (T, 1) (per token)."""
+    return round_to_e4m3(np.asarray(x, np.float32) / np.asarray(scale, np.float32))
 
 
-def fake_quant_activation(x: np.ndarray, scale: float) -> np.ndarray:
-    """x after a static E4M3 round trip: quantize_activation(x, scale) * scale."""
-    return quantize_activation(x, scale) * np.float32(scale)
+def fake_quant_activation(x: np.ndarray, scale) -> np.ndarray:
+    """x after an E4M3 round trip: quantize_activation(x, scale) * scale."""
+    return quantize_activation(x, scale) * np.asarray(scale, np.float32)
 
 
-def linear_fp8_reference(x: np.ndarray, codes: np.ndarray, w_scale: np.ndarray, x_scale: float,
+def linear_fp8_reference(x: np.ndarray, codes: np.ndarray, w_scale: np.ndarray, x_scale: float | None,
                          bias: np.ndarray | None = None) -> np.ndarray:
-    """What linear_fp8@1 computes, in float64: (e4m3(x / s_x) @ decode(codes).T) * s_x * s_w.
+    """What linear_fp8 computes, in float64: (e4m3(x / s_x) @ decode(codes).T) * s_x * s_w,
+    s_x the static scale (@1) or, x_scale None, each token's own (token_scales, @2).
     x: (T, K), codes: (N, K) -> (T, N)."""
-    xq = quantize_activation(x, x_scale).astype(np.float64)
-    y = xq @ decode_e4m3(codes).astype(np.float64).T * (float(x_scale) * np.asarray(w_scale, np.float64))
+    s_x = token_scales(x) if x_scale is None else np.float32(x_scale)
+    xq = quantize_activation(x, s_x).astype(np.float64)
+    y = xq @ decode_e4m3(codes).astype(np.float64).T * (np.asarray(s_x, np.float64) * np.asarray(w_scale, np.float64))
     return y + (0.0 if bias is None else np.asarray(bias, np.float64))

@@ -52,10 +52,14 @@ def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: 
 
 def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
               act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Returns codes (N, K) uint8, scale, offset (N, K // group) of the RTN group grid."""
+    """Returns codes (N, K) uint8, scale, offset (N, K // group) of the builder's grid
+    (scale_search.int4_grid; a symmetric grid's scales searched with the Hessian diagonal,
+    the energy of each input channel, as the importance of its weights)."""
     import torch
 
-    scale, offset = prim.int4_group_params(w, group, zero_point)
+    from bessemer.quantization.scale_search import int4_grid
+
+    scale, offset = int4_grid(w, group, zero_point, importance=np.diag(hessian).astype(np.float32))
     sc, off = torch.from_numpy(scale), torch.from_numpy(offset)
 
     def round_column(col, j):

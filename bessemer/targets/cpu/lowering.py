@@ -30,11 +30,11 @@ class QuantKernel:
 
 
 def _int4(fmt: Int4Group, shape) -> QuantKernel:
-    # codes as linear_w4a16@2 reads them fastest: panel16_int4_k8 (two instructions per
-    # 32 weights) when K % 8 == 0, else panel16_int4
+    # codes as linear_w4a16 reads them fastest: panel16_int4_k8 (two instructions per 32
+    # weights) when K % 8 == 0, else panel16_int4; @3 reads symmetric codes (no offsets)
     codes = "panel16_int4_k8" if shape[1] % 8 == 0 else "panel16_int4"
-    return QuantKernel("linear_w4a16", 2, {"codes": codes, "scales": "panel16", "offsets": "panel16"},
-                       {"group_size": fmt.group_size})
+    return QuantKernel("linear_w4a16", 2 if fmt.zero_point else 3,
+                       {"codes": codes, "scales": "panel16", "offsets": "panel16"}, {"group_size": fmt.group_size})
 
 
 # (graph op, stored format) -> the kernel reading it. A tied embedding table quantized with
@@ -44,7 +44,8 @@ QUANT_KERNELS = {
     ("linear", Int4Group): _int4,
     ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
                                                      {"has_smooth": 1} if fmt.smooth else {}),
-    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 1, {"codes": "panel16"}),
+    # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one
+    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"}),
     ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("embedding_w8a16", 1, {"codes": "panel16"}),
 }
 

@@ -63,7 +63,8 @@ void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, 
                       int64_t ldy, int nthreads, bool round_x);
 // linear_w4a16@2 (linear_w4_bf16_avx512.cpp): bf16 activations, vdpbf16ps; codes
 // panel16_int4 (k8 false: needs AVX512_BF16 and AVX512_VBMI) or panel16_int4_k8 (k8 true:
-// AVX512_BF16); scales and offsets fp32 or (bf16_params) bf16;
+// AVX512_BF16); scales and offsets fp32 or (bf16_params) bf16; offsets null: symmetric
+// codes, w = scale * (code - 8) (linear_w4a16@3);
 // linear_w4_bf16_avx512_available(k8) says whether this CPU runs it.
 void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const void* scales,
                            const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
@@ -87,12 +88,13 @@ void linear_w8a8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, con
                         const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 
 // FP8 (linear_fp8.cpp, linear_fp8_avx512.cpp): codes E4M3 panel16 [N, K], scales [N], xs the
-// static activation scale: y = (e4m3(x / xs) @ decode(codes)^T) * xs * scales. The AVX-512
-// kernel needs AVX512_BF16 (linear_fp8_avx512_bf16_available()).
+// static activation scale: y = (e4m3(x / xs) @ decode(codes)^T) * xs * scales; dynamic: xs
+// unused, each row r has its own xs_r = max|x[r]| / 448. The AVX-512 kernel needs
+// AVX512_BF16 (linear_fp8_avx512_bf16_available()).
 void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                     int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                     bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 bool linear_fp8_avx512_bf16_available();
 
 }  // namespace bessemer

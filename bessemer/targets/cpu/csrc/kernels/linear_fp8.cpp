@@ -4,6 +4,10 @@
 //   weights: codes float8_e4m3 panel16 [N, K], scales f32 [N], input_scale f32 [1], bias?
 //   y = (e4m3(x / s_x) @ decode(codes)^T) * s_x * scales (+ bias)
 //
+// linear_fp8@2: the same with a dynamic scale per token (row), computed in the kernel from
+// the row itself: s_x[t] = max_k |x[t, k]| / 448 (1 for an all-zero row); weights codes,
+// scales, bias? (no input_scale: nothing to calibrate, nothing to saturate on unseen text).
+//
 // e4m3(v): round to nearest even on the E4M3FN grid, saturating at +-448 (the reference is
 // quantization/fp8.py). The activations are quantized once per thread and block by the
 // driver (linear_driver.h, linear_fp8_family.h); the weight bytes are converted in registers, never to a
@@ -28,25 +32,32 @@ namespace {
 struct Fp8Params : KernelParams {
     int N, K;
     bool bf16_kernel;  // the AVX-512 BF16 kernel (else AVX2 FMA)
-    float xs;          // static input scale
+    bool dynamic;      // @2: per-token scales computed from each row
+    float xs;          // @1: the static input scale
 };
 }  // namespace
 
 void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
+    const bool dynamic = c.version >= 2;  // per-token scales: no input_scale tensor
+    const int nw = dynamic ? 2 : 3;       // weights before the optional bias
     int N, K;
-    expect_linear(c, p, 3, 4, &N, &K);
+    expect_linear(c, p, nw, nw + 1, &N, &K);
     expect_weight(c, 0, {DT_F8E4M3}, {LAYOUT_PANEL16}, {int64_t(N), int64_t(K)});
     expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
-    expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {1});
-    if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
-    const float xs = *static_cast<const float*>(c.weights[2]->data);
-    if (!(xs > 0.0f) || !std::isfinite(xs))
-        kernel_error(c, "input_scale must be a positive finite number, got " + std::to_string(xs));
+    float xs = 1.0f;
+    if (!dynamic) {
+        expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {1});
+        xs = *static_cast<const float*>(c.weights[2]->data);
+        if (!(xs > 0.0f) || !std::isfinite(xs))
+            kernel_error(c, "input_scale must be a positive finite number, got " + std::to_string(xs));
+    }
+    if (int(c.weights.size()) == nw + 1) expect_weight(c, nw, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
     Fp8Params& a = c.set_params<Fp8Params>();
     a.N = N;
     a.K = K;
     a.bf16_kernel = linear_fp8_avx512_bf16_available();
+    a.dynamic = dynamic;
     a.xs = xs;
 }
 
@@ -57,14 +68,16 @@ void run_linear_fp8(const KernelCall& c, const StepContext& ctx) {
     const int N = a.N, K = a.K;
     const auto* codes = static_cast<const uint8_t*>(c.weights[0]->data);
     const auto* scales = static_cast<const float*>(c.weights[1]->data);
-    const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
-    const float xs = a.xs;
+    const size_t nw = a.dynamic ? 2 : 3;
+    const float* bias = c.weights.size() == nw + 1 ? static_cast<const float*>(c.weights[nw]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
     if (ctx.isa == Isa::AVX512 && a.bf16_kernel)
-        linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+        linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, N, K, bias, y, ctx.ld(c.outs[0]),
+                          ctx.nthreads);
     else
-        linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, xs, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+        linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, N, K, bias, y, ctx.ld(c.outs[0]),
+                        ctx.nthreads);
 }
 
 namespace {
@@ -112,15 +125,24 @@ inline __m256 e4m3_round8(__m256 v) {
     return _mm256_or_ps(r, sign);
 }
 
-void quantize_rows_f32(const float* x, int64_t ldx, int rows, int kc, float s, char* out, int64_t ldq) {
-    const __m256 sv = _mm256_set1_ps(s);
+void quantize_rows_f32(const float* x, int64_t ldx, int rows, int kc, const float* s, char* out, int64_t ldq) {
     for (int r = 0; r < rows; ++r) {
+        const __m256 sv = _mm256_set1_ps(s[r]);
         const float* xr = x + r * ldx;
         float* q = reinterpret_cast<float*>(out) + r * ldq;
         int k = 0;
         for (; k + 8 <= kc; k += 8) _mm256_storeu_ps(q + k, e4m3_round8(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv)));
-        for (; k < kc; ++k) q[k] = e4m3_round1(xr[k] / s);
+        for (; k < kc; ++k) q[k] = e4m3_round1(xr[k] / s[r]);
         for (; k < ldq; ++k) q[k] = 0.0f;
+    }
+}
+
+void row_scales_f32(const float* x, int64_t ldx, int rows, int K, float* s) {
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + r * ldx;
+        float amax = 0.0f;
+        for (int k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(xr[k]));
+        s[r] = amax > 0.0f ? amax / kE4M3Max : 1.0f;
     }
 }
 
@@ -163,17 +185,17 @@ void ukr_fp8_avx2(const Fp8Args& a) {
             }
         }
     }
-    const float sx = a.xs * 256.0f;  // the decoded weights are value * 2^-8
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
         if (nc >= 16) {
-            const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(a.ws + col0), _mm256_set1_ps(sx));
-            const __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(a.ws + col0 + 8), _mm256_set1_ps(sx));
+            const __m256 w0 = _mm256_loadu_ps(a.ws + col0), w1 = _mm256_loadu_ps(a.ws + col0 + 8);
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
+                const __m256 sx = _mm256_set1_ps(a.xs[r] * 256.0f);  // decoded weights are value * 2^-8
+                const __m256 s0 = _mm256_mul_ps(w0, sx), s1 = _mm256_mul_ps(w1, sx);
                 float* yp = a.y + r * a.ldy + col0;
                 __m256 v0 = _mm256_mul_ps(acc[r][n][0], s0), v1 = _mm256_mul_ps(acc[r][n][1], s1);
                 if (a.accumulate) {
@@ -195,7 +217,7 @@ void ukr_fp8_avx2(const Fp8Args& a) {
                 _mm256_store_ps(tmp + 8, acc[r][n][1]);
                 float* yp = a.y + r * a.ldy + col0;
                 for (int j = 0; j < nc; ++j) {
-                    float val = tmp[j] * (a.ws[col0 + j] * sx);
+                    float val = tmp[j] * (a.ws[col0 + j] * (a.xs[r] * 256.0f));
                     if (a.accumulate) val += yp[j];
                     if (a.bias) val += a.bias[col0 + j];
                     yp[j] = val;
@@ -220,9 +242,9 @@ const UkTableFp8 kTableFp8;
 }  // namespace
 
 void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                     int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
-    linear_fp8_drive(x, ldx, M, codes, scales, xs, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableFp8.f,
-                     kNR2 + 1, quantize_rows_f32, 4);
+                     bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
+    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_f32 : nullptr, N, K, bias, y, ldy, nthreads,
+                     kMR2, M <= 2 ? 2 : 1, kTableFp8.f, kNR2 + 1, quantize_rows_f32, 4);
 }
 
 bool linear_fp8_avx512_bf16_available() {

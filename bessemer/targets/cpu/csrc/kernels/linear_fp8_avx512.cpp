@@ -22,7 +22,7 @@
 namespace bessemer {
 
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 
 namespace {
 
@@ -90,9 +90,9 @@ inline __m512 e4m3_round16(__m512 v) {
 
 // Rows of E4M3(x / s) as bf16 (exact: the upper half of the fp32 bits); one zero pad
 // column when kc is odd (the kernel reads k in pairs).
-void quantize_rows_bf16(const float* x, int64_t ldx, int rows, int kc, float s, char* out, int64_t ldq) {
-    const __m512 sv = _mm512_set1_ps(s);
+void quantize_rows_bf16(const float* x, int64_t ldx, int rows, int kc, const float* s, char* out, int64_t ldq) {
     for (int r = 0; r < rows; ++r) {
+        const __m512 sv = _mm512_set1_ps(s[r]);
         const float* xr = x + r * ldx;
         uint16_t* q = reinterpret_cast<uint16_t*>(out) + r * ldq;
         for (int k = 0; k < kc; k += 16) {
@@ -102,6 +102,19 @@ void quantize_rows_bf16(const float* x, int64_t ldx, int rows, int kc, float s, 
             _mm256_mask_storeu_epi16(q + k, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
         }
         if (kc & 1) q[kc] = 0;
+    }
+}
+
+void row_scales_avx512(const float* x, int64_t ldx, int rows, int K, float* s) {
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + r * ldx;
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < K; k += 16) {
+            const __mmask16 mk = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1u);
+            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, xr + k)));
+        }
+        const float amax = _mm512_reduce_max_ps(m);
+        s[r] = amax > 0.0f ? amax / kE4M3Max : 1.0f;
     }
 }
 
@@ -144,18 +157,19 @@ void ukr_fp8_bf16(const Fp8Args& a) {
             for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xb);
         }
     }
-    const __m512 sx = _mm512_set1_ps(a.xs);
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
         const __mmask16 mask = simd512::panel_mask(nc);
-        const __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, a.ws + col0), sx);
+        const __m512 wsv = _mm512_maskz_loadu_ps(mask, a.ws + col0);
         const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r)
+        for (int r = 0; r < MR; ++r) {
+            const __m512 s = _mm512_mul_ps(wsv, _mm512_set1_ps(a.xs[r]));
             simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_fmadd_ps(acc[r][n], s, b), a.accumulate);
+        }
     }
 }
 
@@ -175,9 +189,9 @@ const UkTableFp8 kTableFp8;
 }  // namespace
 
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
-    linear_fp8_drive(x, ldx, M, codes, scales, xs, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8,
-                     kTableFp8.f, kNR + 1, quantize_rows_bf16, 2);
+                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
+    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_avx512 : nullptr, N, K, bias, y, ldy,
+                     nthreads, kMR, M <= 4 ? kNR : kNR8, kTableFp8.f, kNR + 1, quantize_rows_bf16, 2);
 }
 
 }  // namespace bessemer

@@ -7,6 +7,9 @@
 // values (as fp32 or bf16) and never requantize x per panel group. The buffer bounds the
 // blocks: Mc * kc_pad * esize <= kXqBytes, kc_pad = kc rounded up to an even count (the
 // bf16 kernel reads k in pairs; the pad is zero).
+// Each row has its own activation scale: the static s_x of linear_fp8@1 for every row, or
+// (linear_fp8@2, dynamic per token) max|x[r]| / 448 of the whole row, computed once per row
+// block before its first K block is quantized (1 for an all-zero row).
 #pragma once
 
 #include "linear_driver.h"
@@ -15,6 +18,7 @@ namespace bessemer {
 namespace {
 
 constexpr int kXqBytes = 96 * 1024;  // per-thread quantized-activation block
+constexpr float kE4M3Max = 448.0f;
 
 struct Fp8Args {
     int kc;              // K columns of this block
@@ -27,15 +31,18 @@ struct Fp8Args {
     bool accumulate;     // add to y (not the first K block)
     const float* bias;   // bias + 16*p0 on the last K block, else null
     const float* ws;     // weight scales + 16*p0
-    float xs;            // activation scale s_x
+    const float* xs;     // activation scales s_x of rows m0.. (one per row)
     int ncols;           // valid columns in this group (<= NR*16)
     int64_t pf_next;     // GEMV: bytes to the same k of the next panel group (0 = none)
 };
 
 using Fp8Fn = void (*)(const Fp8Args&);
-// Quantizes rows x (row stride ldx) of kc columns to E4M3 values of x / s into out
+// Quantizes rows x (row stride ldx) of kc columns to E4M3 values of x / s[r] into out
 // (row stride ldq elements), zero-padding columns kc..ldq-1.
-using Fp8QuantFn = void (*)(const float* x, int64_t ldx, int rows, int kc, float s, char* out, int64_t ldq);
+using Fp8QuantFn = void (*)(const float* x, int64_t ldx, int rows, int kc, const float* s, char* out, int64_t ldq);
+// max |x| of each of `rows` rows of K columns -> s[r] = max / 448 (1 for an all-zero row):
+// the per-token scale of linear_fp8@2, in fp32 like quantization/fp8.py's token_scales.
+using Fp8RowScaleFn = void (*)(const float* x, int64_t ldx, int rows, int K, float* s);
 
 struct Fp8Family {
     int MR;
@@ -43,7 +50,8 @@ struct Fp8Family {
     int64_t ldx;
     const uint8_t* w;
     const float* ws;
-    float xs;
+    float xs;                  // the static scale (row_scales null)
+    Fp8RowScaleFn row_scales;  // dynamic per-token scales, or null
     int K;
     const float* bias;
     float* y;
@@ -57,6 +65,7 @@ struct Fp8Family {
     struct Thread {
         Fp8Args a;
         char* xq;
+        float* rs;  // activation scale of each row of the row block
         int m_blk, p0;
     };
 
@@ -72,17 +81,20 @@ struct Fp8Family {
         ldq = kc;
         return {nkb, kc, drv_max(MR, drv_min(kXqBytes / (ldq * esize), (384 * 1024 / 4) / kc) / MR * MR)};
     }
-    int64_t thread_bytes(int) const { return kXqBytes; }
-    void begin(Thread& t, const LinearWork& w, char* buf, int) const {
+    int64_t thread_bytes(int rows) const { return kXqBytes + (int64_t(rows) * 4 + 63) / 64 * 64; }
+    void begin(Thread& t, const LinearWork& w, char* buf, int rows) const {
         t.xq = buf;
+        t.rs = reinterpret_cast<float*>(buf + kXqBytes);
+        if (!row_scales)
+            for (int r = 0; r < rows; ++r) t.rs[r] = xs;
         t.a.ldq = ldq;
         t.a.pstride = int64_t(K) * 16;
         t.a.ldy = ldy;
-        t.a.xs = xs;
         t.a.pf_next = w.gemv ? int64_t(w.NR) * t.a.pstride : 0;
     }
     void block(Thread& t, int m_blk, int rows, int k0, int kc, int kb) const {
-        quantize(x + m_blk * ldx + k0, ldx, rows, kc, xs, t.xq, ldq);
+        if (row_scales && kb == 0) row_scales(x + m_blk * ldx, ldx, rows, K, t.rs);
+        quantize(x + m_blk * ldx + k0, ldx, rows, kc, t.rs, t.xq, ldq);
         t.a.kc = kc;
         t.a.accumulate = kb > 0;
         t.m_blk = m_blk;
@@ -96,16 +108,19 @@ struct Fp8Family {
     }
     void rows(Thread& t, int m0, int mr, int nr) const {
         t.a.xq = t.xq + int64_t(m0 - t.m_blk) * ldq * esize;
+        t.a.xs = t.rs + (m0 - t.m_blk);
         t.a.y = y + m0 * ldy + 16 * t.p0;
         table[mr * tstride + nr](t.a);
     }
 };
 
-// table[mr * tstride + nr]; esize: bytes per quantized activation (4 fp32, 2 bf16).
+// table[mr * tstride + nr]; esize: bytes per quantized activation (4 fp32, 2 bf16);
+// row_scales null: the static scale xs for every row, else dynamic per-token scales.
 inline void linear_fp8_drive(const float* x, int64_t ldx, int M, const uint8_t* w, const float* ws, float xs,
-                             int N, int K, const float* bias, float* y, int64_t ldy, int nthreads, int MR, int NR,
-                             const Fp8Fn* table, int tstride, Fp8QuantFn quantize, int esize) {
-    Fp8Family f{MR, x, ldx, w, ws, xs, K, bias, y, ldy, table, tstride, quantize, esize};
+                             Fp8RowScaleFn row_scales, int N, int K, const float* bias, float* y, int64_t ldy,
+                             int nthreads, int MR, int NR, const Fp8Fn* table, int tstride, Fp8QuantFn quantize,
+                             int esize) {
+    Fp8Family f{MR, x, ldx, w, ws, xs, row_scales, K, bias, y, ldy, table, tstride, quantize, esize};
     linear_drive_family(f, M, N, K, NR, nthreads);
 }
 

@@ -4,6 +4,10 @@
 //   w4: codes int4 panel16_int4 [N, K], scales and offsets panel16 [N, K/G]:
 //       y = sum_g scales[:, g] * (x_g @ codes_g^T) + offsets[:, g] * sum(x_g) (+ bias)
 //
+// linear_w4a16@3: symmetric codes without offsets, w = scales * (code - 8): weights codes,
+// scales (bf16 or fp32) [, bias]; otherwise @2. The bf16 kernel folds the -8 into its
+// epilogue; the fp32 kernels get offsets = -8 * scales made once at prepare.
+//
 // linear_w4a16@2: the same weights and formula with x rounded to bf16 first (xb), so the
 // dot products run on vdpbf16ps (linear_w4_bf16_avx512.cpp: twice the products per
 // instruction and a cheaper code decode; measured on SmolLM2 in bench/kernel_speed.py).
@@ -39,6 +43,7 @@ struct W4Params : KernelParams {
     bool bf16_kernel;   // linear_w4_bf16_avx512 reads the stored codes and parameters
     bool k8;            // codes stored panel16_int4_k8
     bool bf16_params;   // scales/offsets stored bf16
+    bool symmetric;     // @3: no offsets stored, w = scale * (code - 8)
     // Weights re-laid (codes) or widened (fp32 parameters) once at prepare for a CPU that
     // lacks the kernel their stored form was chosen for (empty otherwise); run reads them
     // instead of the mapped file.
@@ -76,8 +81,10 @@ void run_linear_w8a16(const KernelCall& c, const StepContext& ctx) {
 }
 
 void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
+    const bool sym = c.version >= 3;  // no offsets tensor: w = scale * (code - 8)
+    const int np = sym ? 1 : 2;       // group parameter tensors after the codes
     int N, K;
-    expect_linear(c, p, 3, 4, &N, &K);
+    expect_linear(c, p, 1 + np, 2 + np, &N, &K);
     const int64_t G = attr_int(c, "group_size");
     if (G <= 0 || G > K || K % G != 0)
         kernel_error(c, "group_size " + std::to_string(G) + " must be > 0 and divide K = " + std::to_string(K));
@@ -89,9 +96,11 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     if (c.version >= 2) {
         expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4, LAYOUT_PANEL16_INT4_K8}, {int64_t(N), int64_t(K)});
         expect_weight(c, 1, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
-        expect_weight(c, 2, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
-        if (c.weights[1]->dtype != c.weights[2]->dtype)
-            kernel_error(c, "scales and offsets must have the same dtype");
+        if (!sym) {
+            expect_weight(c, 2, {DT_F32, DT_BF16}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
+            if (c.weights[1]->dtype != c.weights[2]->dtype)
+                kernel_error(c, "scales and offsets must have the same dtype");
+        }
     } else {
         expect_weight(c, 0, {DT_I4}, {LAYOUT_PANEL16_INT4}, {int64_t(N), int64_t(K)});
         expect_weight(c, 1, {DT_F32}, {LAYOUT_PANEL16}, {int64_t(N), K / G});
@@ -99,7 +108,7 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     }
     // k8 codes have K % 8 == 0 (tensor check), so G (a multiple of 16, or K) is one of 8 too.
     const bool k8 = c.weights[0]->layout == LAYOUT_PANEL16_INT4_K8;
-    if (c.weights.size() == 4) expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
+    if (int(c.weights.size()) == np + 2) expect_weight(c, np + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (c.version >= 2 && G > linear_w4a16_v2_max_group())
         kernel_error(c, "group_size " + std::to_string(G) + " is larger than linear_w4a16@2 supports (" +
                             std::to_string(linear_w4a16_v2_max_group()) + "); rebuild with a smaller --group-size");
@@ -116,18 +125,26 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         a.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
         repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, a.relaid.data());
     }
-    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], half each.
+    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], half each;
+    // symmetric codes get their offsets -8 * scales there.
     a.bf16_params = c.weights[1]->dtype == DT_BF16;
-    if (a.bf16_params && !a.bf16_kernel) {
+    a.symmetric = sym;
+    if ((a.bf16_params || sym) && !a.bf16_kernel) {
         const size_t n = size_t((N + 15) / 16 * 16) * size_t(K / G);
         a.relaid_f.resize(2 * n);
-        for (int w = 0; w < 2; ++w) {
-            const auto* bits = static_cast<const uint16_t*>(c.weights[1 + w]->data);
+        for (int w = 0; w < np; ++w) {
+            const void* src = c.weights[1 + w]->data;
             for (size_t i = 0; i < n; ++i) {
-                const uint32_t u = uint32_t(bits[i]) << 16;
-                std::memcpy(&a.relaid_f[w * n + i], &u, 4);
+                if (a.bf16_params) {
+                    const uint32_t u = uint32_t(static_cast<const uint16_t*>(src)[i]) << 16;
+                    std::memcpy(&a.relaid_f[w * n + i], &u, 4);
+                } else {
+                    a.relaid_f[w * n + i] = static_cast<const float*>(src)[i];
+                }
             }
         }
+        if (sym)
+            for (size_t i = 0; i < n; ++i) a.relaid_f[n + i] = -8.0f * a.relaid_f[i];
     }
 }
 
@@ -137,13 +154,15 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
     const W4Params& a = c.get<W4Params>();
     const int N = a.N, K = a.K, G = a.G;
     const auto* codes = a.relaid.empty() ? static_cast<const uint8_t*>(c.weights[0]->data) : a.relaid.data();
-    const float* bias = c.weights.size() == 4 ? static_cast<const float*>(c.weights[3]->data) : nullptr;
+    const size_t nw = a.symmetric ? 3 : 4;  // with a bias
+    const float* bias = c.weights.size() == nw ? static_cast<const float*>(c.weights[nw - 1]->data) : nullptr;
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
-    const bool round_x = c.version >= 2;  // @2: bf16 activations
-    if (a.bf16_kernel) {  // codes and parameters as stored
-        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, a.k8, c.weights[1]->data, c.weights[2]->data,
-                              a.bf16_params, G, N, K, bias, y, ctx.ld(c.outs[0]), ctx.nthreads);
+    const bool round_x = c.version >= 2;  // @2, @3: bf16 activations
+    if (a.bf16_kernel) {  // codes and parameters as stored (no offsets: symmetric)
+        linear_w4_bf16_avx512(x, ctx.ld(c.ins[0]), M, codes, a.k8, c.weights[1]->data,
+                              a.symmetric ? nullptr : c.weights[2]->data, a.bf16_params, G, N, K, bias, y,
+                              ctx.ld(c.outs[0]), ctx.nthreads);
         return;
     }
     // fp32 parameters (widened at prepare if stored as bf16)

@@ -12,6 +12,9 @@
 // (an offset of 1 rather than 128 + c keeps the cancellation small: acc is at most about
 // twice the signal). Products and fp32 accumulation are exact up to fp32 rounding; the
 // only approximation against @1 is xb = bf16(x) (round to nearest even).
+// linear_w4a16@3 (symmetric codes, no offsets: w = s (c - 8)) is the same loop with the
+// epilogue y += 16 s_g (acc - 1.5 sx_g) (= s_g (16 acc - 16 sx_g - 8 sx_g)): the offsets are
+// neither stored nor read.
 //
 // Decoding (panel16_int4: 8 bytes per panel and k; byte j = row j in the low nibble,
 // row 8 + j in the high nibble), for a 64-byte block (8 k) and a k pair p of it:
@@ -136,8 +139,9 @@ inline float sum_bf16(const uint16_t* p, int n) {
 
 // One call covers a.kc columns (a.kc / G groups) of MR rows x NR panels; a.x is the driver's
 // bf16 block (row stride a.ldx elements, even, zero pad), a.w the codes at its first k.
-// K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block).
-template <int MR, int NR, bool K8>
+// K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block). SYM: symmetric
+// codes, w = s (c - 8): a.qo is null and never read.
+template <int MR, int NR, bool K8, bool SYM>
 void ukr_w4_bf16(const UkArgs& a) {
     const DecodeConsts dc = decode_consts();
     const uint16_t* xr[MR];
@@ -150,7 +154,7 @@ void ukr_w4_bf16(const UkArgs& a) {
     // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel).
     const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
     const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
-    const float* pq_o = param_at(a.qo, pq_len, a.pbytes);
+    const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
     const int lines = (a.kc + 7) / 8;
     const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
     // Independent accumulators per output tile: with few rows the k loop is otherwise one
@@ -174,7 +178,7 @@ void ukr_w4_bf16(const UkArgs& a) {
                     const int64_t i0 = (k / 8) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
                     for (int64_t i = i0; i < i1; i += 16) {
                         _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_s, i, a.pbytes)), _MM_HINT_T0);
-                        _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_o, i, a.pbytes)), _MM_HINT_T0);
+                        if (!SYM) _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_o, i, a.pbytes)), _MM_HINT_T0);
                     }
                 }
 #pragma GCC unroll 4
@@ -231,24 +235,28 @@ void ukr_w4_bf16(const UkArgs& a) {
             // panel16 params: padded to whole panels
             const int64_t pi = n * a.qpstride + g * 16;
             const __m512 s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
-            const __m512 o = load_params(a.qo, pi, a.pbytes);
             const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
+            const __m512 o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
-                const __m512 sb = _mm512_set1_ps(sx[r]);
-                const __m512 v = _mm512_fmadd_ps(o, sb, b);
-                simd512::store_row16(a.y + r * a.ldy + col0, mask,
-                                     _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], sb), s16, v), load_y);
+                __m512 v;
+                if (SYM) {  // w = s (c - 8): y += 16 s (acc - 1.5 sx), see the top of the file
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], _mm512_set1_ps(1.5f * sx[r])), s16, b);
+                } else {
+                    const __m512 sb = _mm512_set1_ps(sx[r]);
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], sb), s16, _mm512_fmadd_ps(o, sb, b));
+                }
+                simd512::store_row16(a.y + r * a.ldy + col0, mask, v, load_y);
             }
         }
     }
 }
 
-template <bool K8>
+template <bool K8, bool SYM>
 struct UkTableW4Bf16 {
     UkFn f[(kMR + 1) * (kNR + 1)];
     template <int MR, int NR>
-    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR, K8>; }
+    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR, K8, SYM>; }
     template <int MR>
     constexpr void row() {
         set<MR, 1>(); set<MR, 2>();
@@ -259,8 +267,10 @@ struct UkTableW4Bf16 {
     }
 };
 
-const UkTableW4Bf16<false> kTable;
-const UkTableW4Bf16<true> kTableK8;
+const UkTableW4Bf16<false, false> kTable;
+const UkTableW4Bf16<true, false> kTableK8;
+const UkTableW4Bf16<false, true> kTableSym;
+const UkTableW4Bf16<true, true> kTableK8Sym;
 
 // XPrepFn: rows of fp32 -> bf16 (round to nearest even, vcvtneps2bf16), zero pad to ldq.
 void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
@@ -285,8 +295,9 @@ void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* co
                            float* y, int64_t ldy, int nthreads) {
     const QuantParams qp{static_cast<const float*>(scales), static_cast<const float*>(offsets), group,
                          bf16_params ? 2 : 4};
-    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8,
-                   k8 ? kTableK8.f : kTable.f, kNR + 1, &qp, prep_bf16, 2);
+    const UkFn* table = offsets ? (k8 ? kTableK8.f : kTable.f) : (k8 ? kTableK8Sym.f : kTableSym.f);
+    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, table, kNR + 1, &qp,
+                   prep_bf16, 2);
 }
 
 bool linear_w4_bf16_avx512_available(bool k8) {

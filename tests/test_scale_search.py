@@ -1,0 +1,93 @@
+"""Symmetric int4 scales (quantization/scale_search.py) against brute-force references, and
+bits per weight (quantization/bits.py) against sizes counted by hand."""
+
+import numpy as np
+import pytest
+
+from bessemer.quantization import primitives as prim
+from bessemer.quantization import scale_search as ss
+from bessemer.quantization.bits import bits_per_weight
+
+
+def _weights(seed=0, n=24, k=128):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    w[rng.random((n, k)) < 0.02] *= 6  # a few outliers, as real weights have
+    return w
+
+
+def _group_error(w, scale, group, h=None):
+    """Per-group weighted squared error of w on the symmetric grid of `scale`."""
+    codes = ss.symmetric_codes(w, scale, group)
+    err = (w - ss.dequantize_symmetric(codes, scale, group)) ** 2
+    if h is not None:
+        err = err * h[None, :]
+    n, k = w.shape
+    return err.reshape(n, k // group, group).sum(axis=2)
+
+
+def test_codes_use_the_symmetric_grid():
+    w = _weights()
+    s = ss.int4_symmetric_scales(w, 32, search=False)
+    codes = ss.symmetric_codes(w, s, 32)
+    assert codes.min() >= 0 and codes.max() <= 15
+    # the weight of largest magnitude of each group lands on level -8 (code 0), up to the
+    # scale's bf16 rounding
+    g = w.reshape(24, 4, 32)
+    idx = np.abs(g).argmax(axis=2)
+    assert np.all(np.take_along_axis(codes.reshape(24, 4, 32), idx[..., None], 2) == 0)
+    assert np.array_equal(s, prim.round_to_bf16(s))
+    d = ss.dequantize_symmetric(codes, s, 32).reshape(24, 4, 32)
+    vmax = np.take_along_axis(g, idx[..., None], 2)
+    np.testing.assert_allclose(np.take_along_axis(d, idx[..., None], 2), vmax, rtol=2 ** -8)
+    # a zero weight is exact: code 8
+    w0 = w.copy()
+    w0[:, 5] = 0
+    assert np.all(ss.symmetric_codes(w0, s, 32)[:, 5] == 8)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_search_matches_a_dense_brute_force(weighted):
+    """Per group, the search's error is never above the rule v / -8 and within 2% of the
+    best of 4000 scales tried densely (the reference)."""
+    w = _weights(1)
+    group = 32
+    h = np.random.default_rng(2).gamma(0.5, 1.0, w.shape[1]).astype(np.float32) if weighted else None
+    s = ss.int4_symmetric_scales(w, group, importance=h)
+    err = _group_error(w, s, group, h)
+    base = _group_error(w, ss.int4_symmetric_scales(w, group, search=False), group, h)
+    assert np.all(err <= base * (1 + 1e-6))
+    vmax = ss._signed_absmax(w.reshape(24, -1, group))
+    best = np.full(err.shape, np.inf)
+    for d in np.linspace(4.0, 12.0, 4000):
+        cand = prim.round_to_bf16(vmax / -d)
+        best = np.minimum(best, _group_error(w, cand, group, h))
+    assert np.all(err <= best * 1.02 + 1e-12)
+    assert err.sum() < base.sum() * 0.97  # and the search pays on the whole
+
+
+def test_all_zero_groups():
+    w = _weights(3)
+    w[:, :32] = 0
+    s = ss.int4_symmetric_scales(w, 32)
+    assert np.all(np.isfinite(s)) and np.all(s != 0)
+    assert np.all(ss.dequantize_symmetric(ss.symmetric_codes(w, s, 32), s, 32)[:, :32] == 0)
+
+
+def test_bits_per_weight_counts_every_stored_part():
+    # decoder: a (64, 128) int4 g32 matrix with bf16 scales (32 KiB... counted by hand)
+    q = [("model.layers.0.mlp.down_proj.weight", (64, 128), 64 * 128 // 2),
+         ("model.layers.0.mlp.down_proj.weight.scales", (64, 4), 64 * 4 * 2),
+         ("model.layers.0.input_layernorm.weight", (128,), 512),  # a norm: not a matrix
+         ("model.embed_tokens.weight", (1000, 128), 1000 * 128),  # tied int8 table
+         ("model.embed_tokens.weight.scales", (1000,), 4000)]
+    bits = bits_per_weight([q])
+    assert bits["decoder"]["bpw"] == 4.5
+    assert bits["lm_head"]["bpw"] == round(8 + 32 / 128, 3)
+    assert "embedding" not in bits
+    assert bits["all"]["weights"] == 64 * 128 + 1000 * 128
+    # untied: lm_head.weight is the head, the table is the embedding; two ranks add up
+    untied = q + [("lm_head.weight", (1000, 128), 1000 * 128 * 4)]
+    bits = bits_per_weight([untied, untied])
+    assert bits["lm_head"]["bpw"] == 32.0 and bits["embedding"]["bpw"] == 8.25
+    assert bits["decoder"]["weights"] == 2 * 64 * 128
