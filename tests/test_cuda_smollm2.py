@@ -53,3 +53,33 @@ def test_smollm2_cuda_build_report(smollm2_cuda_engine):
     assert all(k["spill_bytes"] == 0 for k in kernels["kernels"])
     print(f"SmolLM2 cuda engine: {report['engine_bytes'] / 2**20:.1f} MiB, built in {report['timings_s']['total']:.1f} s, "
           f"{kernels['distinct']} kernels ({kernels['compiled']} compiled in {kernels['seconds']:.1f} s)")
+
+
+def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel_cache):
+    """Weight-only cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head):
+    every quantized GEMM cubin passes the checks, dequantizes in registers into tensor-core
+    dots (HMMA in the 16-row tiles, HGMMA from 64 rows) and spills nothing."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+    from bessemer.quantization.config import QuantConfig
+    from conftest import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("llama-tied", tmp_path / "hf", intermediate_size=128)
+    for i, quant in enumerate([QuantConfig("w4a16", group_size=32), QuantConfig("w4a16", group_size=64, zero_point=True),
+                               QuantConfig("w8a16")]):
+        path = build_engine(ckpt, tmp_path / f"e{i}", BuildConfig(target="cuda", dtype="bfloat16", quant=quant, max_seq_len=128)) \
+            / "rank0.engine"
+        _, _, header, data_offset = read_rank_header(path)
+        data = path.read_bytes()
+        blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
+                 for t in header["tensors"] if t["name"].startswith("cubin/")}
+        gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel")]
+        assert {k["function"] for k in gemms} == ({"gemm_w8_kernel"} if quant.bits == 8 else
+                                                  {"gemm_w4_kernel", "gemm_w8_kernel"})  # + the int8 lm_head
+        assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
+        for k in gemms:
+            cubin = blobs[k["cubin"]]
+            assert check_kernel(cubin, k, "sm_90a") == [], (k["function"], k["constexprs"])
+            ops = tensor_core_counts(cubin)
+            assert ops == k["tensor_core_ops"]
+            assert ("HGMMA" if k["constexprs"]["BLOCK_M"] >= 64 else "HMMA") in ops, (k["function"], ops)

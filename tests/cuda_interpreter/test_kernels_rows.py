@@ -1,6 +1,7 @@
 """cuda kernels that work row by row, under the Triton interpreter, vs the op set's NumPy
 references (bessemer/plugins/ops.py) on the same rounded inputs: embedding, gather_rows,
-rms_norm, add_rms_norm, add, silu_mul, rope fused with the KV-cache write, and the GEMM.
+rms_norm, add_rms_norm, rms_norm_heads, add, silu_mul, gelu_tanh_mul, scale, rope fused with
+the KV-cache write, the plain KV-cache write of NoPE layers, and the GEMM.
 
 Shapes are small and ragged on purpose: widths that are not powers of two or tile
 multiples, views with row strides wider than their width, in-place outputs.
@@ -84,6 +85,56 @@ def test_add_and_silu_mul(dtype):
     expected = rounded(host(a) + host(out), dtype)
     elementwise.add_kernel[(3, 1)](a, out, a, WIDTH=44, A_STRIDE=44, B_STRIDE=44, OUT_STRIDE=44, BLOCK=64)
     np.testing.assert_array_equal(host(a), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,head_dim,offset", [(4, 16, 0.0), (3, 24, 1.0)])  # Qwen3; Gemma's 1 + w
+def test_rms_norm_heads_in_place_on_a_view(dtype, heads, head_dim, offset):
+    rng = np.random.default_rng(5)
+    width = heads * head_dim
+    qkv = device_tensor(3 * rng.normal(size=(5, width + 40)), dtype)  # q: the first columns of a row
+    q = qkv[:, :width]
+    x_in = host(q)
+    w = torch.from_numpy(rng.normal(0.2, 0.3, size=head_dim).astype(np.float32))
+    norm.rms_norm_heads_kernel[(5,)](q, w, q, 1e-6, offset, NUM_HEADS=heads, HEAD_DIM=head_dim,
+                                     X_STRIDE=width + 40, Y_STRIDE=width + 40,
+                                     BLOCK_HEADS=1 << (heads - 1).bit_length(),
+                                     BLOCK_D=1 << (head_dim - 1).bit_length())
+    ref = ops.ref_rms_norm_heads(x_in, w.numpy(), heads, head_dim, 1e-6, offset)
+    assert_rounded_close(host(q), ref, dtype, "rms_norm_heads")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_mul_and_scale(dtype):
+    rng = np.random.default_rng(6)
+    gate_up = device_tensor(3 * rng.normal(size=(3, 2 * 44)), dtype)
+    g, u = gate_up[:, :44], gate_up[:, 44:]
+    out = torch.empty(3, 44, dtype=gate_up.dtype)
+    elementwise.gelu_tanh_mul_kernel[(3, 3)](g, u, out, WIDTH=44, GATE_STRIDE=88, UP_STRIDE=88, OUT_STRIDE=44,
+                                             BLOCK=16)
+    assert_rounded_close(host(out), ops.ref_gelu_tanh_mul(host(g), host(u)), dtype, "gelu_tanh_mul")
+    x_in = host(out)
+    elementwise.scale_kernel[(3, 1)](out, out, 8.0 ** 0.5, WIDTH=44, X_STRIDE=44, OUT_STRIDE=44, BLOCK=64)
+    assert_rounded_close(host(out), ops.ref_scale(x_in, 8.0 ** 0.5), dtype, "scale")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_write_copies_k_and_v_unrotated_to_their_slots(dtype):
+    rng = np.random.default_rng(7)
+    t, kv_heads, head_dim = 4, 2, 24
+    kw = kv_heads * head_dim
+    kv = device_tensor(rng.normal(size=(t, 2 * kw + 8)), dtype)
+    k, v = kv[:, :kw], kv[:, kw:2 * kw]
+    slots = np.array([3, 0, 9, 4], dtype=np.int32)
+    shape = (12, kv_heads, head_dim)
+    k_cache, v_cache = device_tensor(np.full(shape, 7.0), dtype), device_tensor(np.full(shape, 7.0), dtype)
+    rope.kv_write_kernel[(t,)](k, v, torch.from_numpy(slots), k_cache, v_cache, NUM_KV_HEADS=kv_heads,
+                               HEAD_DIM=head_dim, K_STRIDE=2 * kw + 8, V_STRIDE=2 * kw + 8, BLOCK_KV_HEADS=2,
+                               BLOCK_D=32)
+    for cache, src in ((k_cache, k), (v_cache, v)):
+        assert torch.equal(cache[torch.from_numpy(slots).long()].reshape(t, kw), src)
+        untouched = [s for s in range(12) if s not in slots]
+        assert bool((cache[untouched] == 7.0).all())
 
 
 ROPE_CASES = [  # (heads, kv heads, head_dim, rotary_dim, attention_scaling)

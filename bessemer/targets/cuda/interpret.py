@@ -34,9 +34,11 @@ from bessemer.targets.cuda.compile import check_gpu_arch
 from bessemer.targets.cuda.plan import SCHEMA, VERSION
 
 ALIGN = 256
-TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32"}
-POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*i32": "int32"}
-ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
+TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
+                "int8": "int8", "uint8": "uint8"}
+POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*i32": "int32", "*i8": "int8",
+                  "*u8": "uint8"}
+ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1}
 
 
 def _align(n: int) -> int:

@@ -19,11 +19,12 @@ from bessemer.builder.graph import Graph, GraphError
 from bessemer.builder.lower import TensorSpec, plan_memory
 from bessemer.format.plan import ROWS_SELECTED
 from bessemer.errors import InvalidOptionError
+from bessemer.quantization.formats import Int4Group, Int8PerChannel
 from bessemer.targets.cuda.compile import KernelSpec
 from bessemer.targets.cuda.plan import CudaPlan, Launch, RowSwitch
 
 K = "bessemer.targets.cuda.kernels."
-TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32"}
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int8": "i8", "int4": "u8"}
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # GEMM tile configs by bucket of M (rows of the step), sm_90: (max rows, BLOCK_M, BLOCK_N,
 # BLOCK_K, num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on
@@ -33,7 +34,7 @@ ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
 DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_seq_len, <= 16
 SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
 SUPPORTED_OPS = {"embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split",
-                 "rope", "attention"}
+                 "rope", "attention", "rms_norm_heads", "gelu_tanh_mul", "scale"}
 
 
 def pow2(n: int) -> int:
@@ -50,12 +51,15 @@ class _Lowering:
     def __init__(self, graph: Graph, build: BuildConfig):
         self.graph, self.build, self.act = graph, build, build.dtype
         self.view, buffers = plan_memory(graph)
-        logits_buffer = self.view[graph.output].buffer
-        if any(v.buffer == logits_buffer for name, v in self.view.items() if name != graph.output):
+        logits = self.view[graph.output]
+        logits_buffer = logits.buffer
+        # the logits buffer is fp32; only the logits themselves (and the values computed in
+        # place into them: lm_head's output before Granite's logits scaling) may live there
+        if any(v.buffer == logits_buffer and v != logits for name, v in self.view.items()):
             raise GraphError("the logits buffer is shared with another value; the cuda plan keeps it fp32")
         self.buffers = [{"id": b.id, "rows": b.rows, "width": b.width,
                          "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
-        self.tensors: dict[str, TensorSpec] = {}
+        self.tensors: dict[str, list[TensorSpec]] = {}  # weight -> its tensors (a quantized one: codes, parts)
 
     # ---- arguments ----
     def buf(self, value: str) -> tuple[dict, str, bool, int]:
@@ -70,9 +74,18 @@ class _Lowering:
 
     def weight(self, ref, dtype: str) -> dict:
         if ref.name not in self.tensors:
-            self.tensors[ref.name] = TensorSpec(ref.name, ref.parts, ref.shape, dtype, "row_major",
-                                                slices=ref.slices)
+            self.tensors[ref.name] = [TensorSpec(ref.name, ref.parts, ref.shape, dtype, "row_major", slices=ref.slices)]
         return {"weight": ref.name}
+
+    def quantized(self, ref) -> dict[str, tuple[dict, str]]:
+        """A quantized weight's stored parts (row-major, as the format's parts): role ->
+        (argument, Triton pointer type)."""
+        parts = ref.quant.parts(ref.shape)
+        if ref.name not in self.tensors:
+            self.tensors[ref.name] = [TensorSpec(ref.name + p.suffix, ref.parts, p.shape, p.dtype, "row_major",
+                                                 quant=ref.quant, role=p.role, source=ref.name, slices=ref.slices)
+                                      for p in parts]
+        return {p.role: ({"weight": ref.name + p.suffix}, "*" + TRITON_TYPES[p.dtype]) for p in parts}
 
     # ---- one launch ----
     def launch(self, node, family: str, function: str, grid, params: list, constexprs: dict,
@@ -100,6 +113,12 @@ def _lower_embedding(lw: _Lowering, n) -> list:
     (out,), table = n.outputs, n.weights[0]
     hidden = table.shape[1]
     block = min(1024, pow2(hidden))
+    if table.quant is not None:  # the int8 table a quantized tied lm_head shares
+        q = lw.quantized(table)
+        return [lw.launch(n, "gemm_quant", "embedding_w8_kernel", _rows_grid("tokens", cdiv(hidden, block)), [
+            ("token_ids_ptr", "*i32", {"step": "token_ids"}, True), ("codes_ptr", q["codes"][1], q["codes"][0], True),
+            ("scales_ptr", q["scales"][1], q["scales"][0], True), lw.value_param("out_ptr", out)],
+            dict(HIDDEN=hidden, OUT_STRIDE=lw.stride(out), BLOCK=block))]
     return [lw.launch(n, "embedding", "embedding_kernel", _rows_grid("tokens", cdiv(hidden, block)), [
         ("token_ids_ptr", "*i32", {"step": "token_ids"}, True),
         ("table_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(table, lw.act), True),
@@ -138,11 +157,31 @@ def _lower_elementwise(lw: _Lowering, n) -> list:
     (a, b), (out,) = n.inputs, n.outputs
     width = lw.graph.values[out].width
     block = min(1024, pow2(width))
-    names = ("gate", "up") if n.op == "silu_mul" else ("a", "b")
+    names = ("a", "b") if n.op == "add" else ("gate", "up")  # add, or a gated activation
     return [lw.launch(n, "elementwise", f"{n.op}_kernel", _rows_grid(lw.rows(out), cdiv(width, block)), [
         lw.value_param(f"{names[0]}_ptr", a), lw.value_param(f"{names[1]}_ptr", b), lw.value_param("out_ptr", out)],
         {"WIDTH": width, f"{names[0].upper()}_STRIDE": lw.stride(a), f"{names[1].upper()}_STRIDE": lw.stride(b),
          "OUT_STRIDE": lw.stride(out), "BLOCK": block})]
+
+
+def _lower_scale(lw: _Lowering, n) -> list:
+    (x,), (out,) = n.inputs, n.outputs
+    width = lw.graph.values[out].width
+    block = min(1024, pow2(width))
+    return [lw.launch(n, "elementwise", "scale_kernel", _rows_grid(lw.rows(out), cdiv(width, block)), [
+        lw.value_param("x_ptr", x), lw.value_param("out_ptr", out), ("factor", "fp32", {"f32": float(n.attrs["factor"])}, False)],
+        dict(WIDTH=width, X_STRIDE=lw.stride(x), OUT_STRIDE=lw.stride(out), BLOCK=block))]
+
+
+def _lower_rms_norm_heads(lw: _Lowering, n) -> list:
+    (x,), (y,) = n.inputs, n.outputs
+    heads, d = int(n.attrs["num_heads"]), int(n.attrs["head_dim"])
+    scalars, warps = _norm_constants(n, heads * d)
+    return [lw.launch(n, "norm", "rms_norm_heads_kernel", _rows_grid(lw.rows(x)), [
+        lw.value_param("x_ptr", x), ("w_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True),
+        lw.value_param("y_ptr", y), *scalars],
+        dict(NUM_HEADS=heads, HEAD_DIM=d, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), BLOCK_HEADS=pow2(heads),
+             BLOCK_D=pow2(d)), warps)]
 
 
 def _lower_gather_rows(lw: _Lowering, n) -> list:
@@ -154,21 +193,41 @@ def _lower_gather_rows(lw: _Lowering, n) -> list:
         lw.value_param("out_ptr", y)], dict(WIDTH=width, X_STRIDE=lw.stride(x), OUT_STRIDE=lw.stride(y), BLOCK=block))]
 
 
+def _linear_kernel(lw: _Lowering, w) -> tuple[str, str, list, dict, tuple[int, int]]:
+    """(family, function, weight params, constexprs, (largest BLOCK_N, largest BLOCK_K)) of
+    the GEMM that reads `w` as stored: dense, or a weight-only format (kernels/gemm_quant.py)."""
+    if w.quant is None:
+        return "gemm", "gemm_kernel", [("w_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(w, lw.act), True)], {}, \
+            (128, 128)
+    q = lw.quantized(w)
+    if isinstance(w.quant, Int8PerChannel):
+        return "gemm_quant", "gemm_w8_kernel", [("codes_ptr", q["codes"][1], q["codes"][0], True),
+                                                ("scales_ptr", q["scales"][1], q["scales"][0], True)], {}, (128, 64)
+    offsets = q.get("offsets", ({"null": True}, q["scales"][1]))
+    params = [("codes_ptr", q["codes"][1], q["codes"][0], True), ("scales_ptr", q["scales"][1], q["scales"][0], True),
+              ("offsets_ptr", offsets[1], offsets[0], "offsets" in q)]
+    # a K block lies inside one group; offsets' row sums of x spill at 128 x 128 tiles (sm_90a)
+    return "gemm_quant", "gemm_w4_kernel", params, dict(GROUP=w.quant.group_size, SYMMETRIC=not w.quant.zero_point), \
+        (64 if w.quant.zero_point else 128, min(64, w.quant.group_size))
+
+
 def _lower_linear(lw: _Lowering, n) -> list:
     (x,), (y,) = n.inputs, n.outputs
     w = n.weights[0]
     bias = n.weights[1] if len(n.weights) > 1 else None
     big_n, big_k = w.shape
     count = lw.rows(x)
-    params = [lw.value_param("x_ptr", x), ("w_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(w, lw.act), True),
+    family, function, weights, extra, (max_bn, max_bk) = _linear_kernel(lw, w)
+    params = [lw.value_param("x_ptr", x), *weights,
               ("bias_ptr", "*fp32", lw.weight(bias, "float32") if bias else {"null": True}, bias is not None),
               lw.value_param("y_ptr", y), ("M", "i32", {"count": count}, False)]
     cases = []
     for max_rows, bm, bn, bk, warps, stages in GEMM_CONFIGS:
+        bn = min(bn, max_bn)
         grid = ((count, bm, cdiv(big_n, bn)), 1, 1)
-        cases.append((max_rows, lw.launch(n, "gemm", "gemm_kernel", grid, params, dict(
+        cases.append((max_rows, lw.launch(n, family, function, grid, params, dict(
             N=big_n, K=big_k, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), HAS_BIAS=bias is not None,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8), warps, stages)))
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, max_bk), GROUP_M=8, **extra), warps, stages)))
     return [RowSwitch(n.name, n.op, count, tuple(cases))]
 
 
@@ -190,6 +249,20 @@ def _lower_rope(lw: _Lowering, n, attention) -> list:
         dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, ROTARY_DIM=r, Q_STRIDE=lw.stride(q),
              K_STRIDE=lw.stride(k), V_STRIDE=lw.stride(v), BLOCK_HEADS=pow2(heads), BLOCK_KV_HEADS=pow2(kv_heads),
              BLOCK_HALF=pow2(r // 2), BLOCK_D=pow2(d)))]
+
+
+def _lower_kv_write(lw: _Lowering, attention) -> list:
+    """The KV-cache write of an attention whose q and k are not rotated (no rope node)."""
+    _, k, v = attention.inputs
+    a = attention.attrs
+    kv_heads, d, layer = int(a["num_kv_heads"]), int(a["head_dim"]), int(a["layer"])
+    return [lw.launch((attention.name + ".kv_write", "kv_write"), "rope", "kv_write_kernel", _rows_grid("tokens"), [
+        lw.value_param("k_ptr", k), lw.value_param("v_ptr", v),
+        ("slot_mapping_ptr", "*i32", {"step": "slot_mapping"}, True),
+        ("k_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "k", "layer": layer}, True),
+        ("v_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "v", "layer": layer}, True)],
+        dict(NUM_KV_HEADS=kv_heads, HEAD_DIM=d, K_STRIDE=lw.stride(k), V_STRIDE=lw.stride(v),
+             BLOCK_KV_HEADS=pow2(kv_heads), BLOCK_D=pow2(d)))]
 
 
 def attention_shape(n, build: BuildConfig) -> dict:
@@ -253,7 +326,8 @@ def _step_inputs(build: BuildConfig, tile_tokens: int) -> tuple:
 
 
 LOWERINGS = {"embedding": _lower_embedding, "rms_norm": _lower_rms_norm, "add_rms_norm": _lower_add_rms_norm,
-             "add": _lower_elementwise, "silu_mul": _lower_elementwise, "gather_rows": _lower_gather_rows,
+             "add": _lower_elementwise, "silu_mul": _lower_elementwise, "gelu_tanh_mul": _lower_elementwise,
+             "scale": _lower_scale, "rms_norm_heads": _lower_rms_norm_heads, "gather_rows": _lower_gather_rows,
              "linear": _lower_linear, "attention": _lower_attention}
 
 
@@ -261,8 +335,16 @@ def check_supported(graph: Graph, build: BuildConfig) -> None:
     for n in graph.nodes:
         if n.op not in SUPPORTED_OPS:
             raise InvalidOptionError(f"{n.name}: op {n.op} has no cuda kernel yet; build this model with --target cpu")
-        if any(w is not None and w.quant for w in n.weights):
-            raise InvalidOptionError("--target cuda does not run quantized weights yet; drop --quant")
+        for w in n.weights:
+            if w is None or w.quant is None:
+                continue
+            if not isinstance(w.quant, (Int8PerChannel, Int4Group)):
+                raise InvalidOptionError(f"{n.name}: the cuda target has no kernel for {w.quant.describe()} weights "
+                                         "yet (--quant w8a8-sq, fp8); use --quant w8a16 or w4a16, or --target cpu")
+            if isinstance(w.quant, Int4Group) and w.quant.group_size % 32:
+                raise InvalidOptionError(f"{n.name}: 4-bit groups of {w.quant.group_size} (its {w.shape[1]} input "
+                                         "features) are not a multiple of 32, which the cuda kernels need; use "
+                                         "--group-size 32, 64 or 128 with a model whose widths they divide")
 
 
 def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPlan, list[TensorSpec]]:
@@ -274,15 +356,16 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     if len(shapes) > 1:
         raise GraphError("attention layers differ in their head grouping; the cuda plan has one tile size")
     shape = attention_shape(attentions[0], build) if attentions else dict(tile_tokens=1, splits=1, group=1)
+    # the rope launch writes the KV cache; an attention without one (a NoPE layer) gets a plain write
     rope_users = {c.name for n in graph.nodes if n.op == "rope" for c in consumers[n.outputs[0]]}
-    if any(n.name not in rope_users for n in attentions):
-        raise GraphError("every attention's q must come from a rope node (it writes the KV cache on cuda)")
     if lw.rows(graph.output) != "selected" or lw.view[graph.output].col != 0:
         raise GraphError("the logits must be a whole buffer of selected rows (gather_rows before lm_head)")
     forward = []
     for n in graph.nodes:
         if n.op == "rope":
             forward += _lower_rope(lw, n, consumers[n.outputs[0]][0])
+        elif n.op == "attention" and n.name not in rope_users:
+            forward += _lower_kv_write(lw, n) + _lower_attention(lw, n)
         elif n.op != "split":  # split outputs are column views: no launch
             forward += LOWERINGS[n.op](lw, n)
     kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
@@ -299,4 +382,4 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
         logits={"buffer": lw.view[graph.output].buffer, "width": graph.values[graph.output].width},
         vocab_size=graph.values[graph.output].width)
     order = graph.weight_names()
-    return plan, [lw.tensors[name] for name in order if name in lw.tensors]
+    return plan, [spec for name in order if name in lw.tensors for spec in lw.tensors[name]]

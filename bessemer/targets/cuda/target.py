@@ -9,6 +9,8 @@ from bessemer.targets import KernelSection, LoweredRank, OpenedExecutor, RunOpti
 
 # activations, weights and KV cache in one 16-bit float type
 CUDA_DTYPES = ("bfloat16", "float16")
+# weight-only modes: their int8 / int4 codes run in kernels/gemm_quant.py (fp8 and w8a8-sq: not yet)
+CUDA_QUANT_MODES = ("w8a16", "w4a16", "w4a16-awq", "w4a16-gptq")
 
 
 class CudaTarget(Target):
@@ -31,8 +33,9 @@ class CudaTarget(Target):
                                      f"drop --kv-cache-dtype {build.kv_cache_dtype}")
         if build.resolved_gpu_arch not in GPU_ARCHS:
             raise InvalidOptionError(f"--gpu-arch {build.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
-        if build.quant is not None:
-            raise InvalidOptionError("--target cuda has no quantized kernels yet; drop --quant")
+        if build.quant is not None and build.quant.mode not in CUDA_QUANT_MODES:
+            raise InvalidOptionError(f"--target cuda has no kernels for --quant {build.quant.mode} yet; use one of "
+                                     f"{', '.join(CUDA_QUANT_MODES)} or --target cpu")
         if build.tp_size != 1:
             raise InvalidOptionError("--target cuda builds one rank for now; drop --tp")
 

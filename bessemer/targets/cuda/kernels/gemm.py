@@ -12,13 +12,9 @@ import triton.language as tl
 
 
 @triton.jit
-def gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M,
-                N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
-                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """x: (M, K) with row stride X_STRIDE; y: (M, N) with row stride Y_STRIDE, in y's dtype
-    (the activation dtype, or fp32 for logits); bias: fp32 [N], read when HAS_BIAS.
-    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+def output_tile(M, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(rows, columns) of this program's output tile; programs are grouped GROUP_M tiles high
+    (shared by the quantized GEMMs)."""
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * tiles_n
@@ -26,9 +22,18 @@ def gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M,
     group_rows = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
     tile_m = first_m + (pid % group) % group_rows
     tile_n = (pid % group) // group_rows
+    return tile_m * BLOCK_M + tl.arange(0, BLOCK_M), tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
-    rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+@triton.jit
+def gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M,
+                N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """x: (M, K) with row stride X_STRIDE; y: (M, N) with row stride Y_STRIDE, in y's dtype
+    (the activation dtype, or fp32 for logits); bias: fp32 [N], read when HAS_BIAS.
+    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N

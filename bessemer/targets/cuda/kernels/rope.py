@@ -69,3 +69,17 @@ def rope_kv_write_kernel(q_ptr, k_ptr, v_ptr, positions_ptr, slot_mapping_ptr, i
         _copy_heads(k_row, k_dst, HEAD_DIM, HEAD_DIM, NUM_KV_HEADS, ROTARY_DIM, HEAD_DIM, BLOCK_KV_HEADS, BLOCK_D)
     _copy_heads(v_ptr + t * V_STRIDE, v_cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM), HEAD_DIM, HEAD_DIM,
                 NUM_KV_HEADS, 0, HEAD_DIM, BLOCK_KV_HEADS, BLOCK_D)
+
+
+@triton.jit
+def kv_write_kernel(k_ptr, v_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
+                    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, K_STRIDE: tl.constexpr,
+                    V_STRIDE: tl.constexpr, BLOCK_KV_HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The KV-cache write of a layer without RoPE (SmolLM3's NoPE layers): k and v of token t
+    to the cache slot slot_mapping[t], unrotated. Grid: (T,)."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+    _copy_heads(k_ptr + t * K_STRIDE, k_cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM), HEAD_DIM, HEAD_DIM,
+                NUM_KV_HEADS, 0, HEAD_DIM, BLOCK_KV_HEADS, BLOCK_D)
+    _copy_heads(v_ptr + t * V_STRIDE, v_cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM), HEAD_DIM, HEAD_DIM,
+                NUM_KV_HEADS, 0, HEAD_DIM, BLOCK_KV_HEADS, BLOCK_D)

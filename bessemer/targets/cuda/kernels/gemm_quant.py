@@ -1,0 +1,103 @@
+"""Weight-only quantized GEMM / GEMV: y[M, N] = x[M, K] @ W[N, K]^T (+ bias) with W stored as
+integer codes, dequantized in registers inside the K loop (never a bf16 copy in memory), bf16
+tensor-core dots with fp32 accumulation. The codes are the target-neutral formats'
+(quantization/formats.py), stored row-major:
+
+- int8 per output channel (w8a16, the int8 lm_head): codes int8 [N, K], scales fp32 [N];
+  W = scales[n] * codes. The codes are exact in bf16, so the dot is of x and the codes and
+  the scale multiplies the accumulator once.
+- int4 per group of K (w4a16*): codes [N, K] two per byte (k even in the low nibble, k odd in
+  the high one), scales (and, asymmetric, offsets) bf16 [N, K / GROUP]. Symmetric: W = s (c - 8);
+  asymmetric: W = s c + o, so sum_k x W = s sum_k x c + o sum_k x. A K block lies inside one
+  group (BLOCK_K <= GROUP), whose scale multiplies that block's partial dot. A byte holds an
+  even and an odd k: the x tile is read as its even and its odd columns and the two nibble
+  planes each take one dot.
+
+Tiles per bucket of M as the dense GEMM (lowering: GEMM_CONFIGS), K blocks of at most 64.
+"""
+
+import triton
+import triton.language as tl
+
+from bessemer.targets.cuda.kernels.gemm import output_tile
+
+
+@triton.jit
+def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, M,
+                   N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """x: (M, K) activations; codes int8 [N, K]; scales fp32 [N]; y = (x @ codes^T) * scales
+    (+ bias). Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
+    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        a = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
+        b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0)
+        acc = tl.dot(a, b.to(tl.float32).to(a.dtype), acc)  # |code| <= 127: exact in bf16 and fp16
+    acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, M,
+                   N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr, X_STRIDE: tl.constexpr,
+                   Y_STRIDE: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """x: (M, K) activations; codes [N, K / 2] bytes; scales (offsets unless SYMMETRIC) bf16
+    [N, K / GROUP]; BLOCK_K divides GROUP. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = K // GROUP
+    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    j = tl.arange(0, HALF)  # byte j of the block: k0 + 2j (low nibble) and k0 + 2j + 1 (high)
+    m_ok, n_ok = rm < M, rn < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
+    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * (K // 2)
+    p_cols = rn.to(tl.int64) * GROUPS
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_even = k0 + 2 * j
+        x_mask = m_ok[:, None] & (k_even[None, :] < K)
+        x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)
+        x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
+        b = tl.load(w_cols + (k0 // 2 + j)[:, None], mask=n_ok[None, :] & (k_even[:, None] < K), other=0)
+        lo = (b & 15).to(tl.float32)
+        hi = (b >> 4).to(tl.float32)
+        if SYMMETRIC:  # c - 8 in -8..7: exact in bf16
+            lo -= 8.0
+            hi -= 8.0
+        part = tl.dot(x_even, lo.to(x_even.dtype))
+        part = tl.dot(x_odd, hi.to(x_odd.dtype), part)
+        g = k0 // GROUP
+        s = tl.load(scales_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
+        acc += part * s[None, :]
+        if not SYMMETRIC:
+            o = tl.load(offsets_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
+            x_sum = tl.sum(x_even.to(tl.float32), axis=1) + tl.sum(x_odd.to(tl.float32), axis=1)
+            acc += x_sum[:, None] * o[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def embedding_w8_kernel(token_ids_ptr, codes_ptr, scales_ptr, out_ptr,
+                        HIDDEN: tl.constexpr, OUT_STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = codes[token_ids[t]] * scales[token_ids[t]]: the int8 table a tied lm_head
+    shares with the embedding. Grid: (T, cdiv(HIDDEN, BLOCK))."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    row = tl.load(token_ids_ptr + t).to(tl.int64)
+    c = tl.load(codes_ptr + row * HIDDEN + cols, mask=mask, other=0).to(tl.float32)
+    s = tl.load(scales_ptr + row)
+    tl.store(out_ptr + t * OUT_STRIDE + cols, (c * s).to(out_ptr.dtype.element_ty), mask=mask)
