@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bessemer.runtime.llm import LLM, SamplingParams
-from conftest import NEW_FAMILIES, TINY_FAMILIES, hf_logits
-from tolerances import BF16_ERROR_RATIO, FP32_LOGITS_ATOL, FP32_LOGITS_RTOL
+from conftest import NEW_FAMILIES, TINY_FAMILIES, _hf_model, hf_logits
+from tolerances import BF16_ERROR_RATIO, FP32_LOGITS_ATOL, FP32_LOGITS_RTOL, MOE_ROUTING_TIE_MARGIN
 
 PROMPT_LENGTHS = [5, 17, 1, 33]
 
@@ -38,19 +38,48 @@ def test_prefill_and_decode_logits_match_hf(kind, tiny_checkpoint, tiny_engine):
         _assert_close(got, hf_logits(ckpt, ids), f"{kind} decode")
 
 
-# mixtral is left out: on these prompts its bf16 engine's max error is 0.448 vs HF bf16's 0.0248
-# while fp32 is exact; presumably a token routed to another expert (a top-k flip, which the 2x
-# rule cannot bound), not yet checked. Not solved yet.
-@pytest.mark.parametrize("kind", ["llama-untied", "qwen2", *(k for k in NEW_FAMILIES if k != "mixtral")])
+MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss")
+
+
+def _routing_margin(ckpt, ids) -> np.ndarray | None:
+    """Per position, the smallest gap over the layers between the k-th and (k+1)-th router
+    logit of HF fp32 (None for a model that does not report its router logits)."""
+    import torch
+
+    model = _hf_model(str(ckpt), "float32")
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_router_logits=True)
+    if not getattr(out, "router_logits", None):
+        return None
+    k = model.config.num_experts_per_tok
+    gaps = [np.diff(np.sort(r.float().numpy(), axis=-1)[:, -k - 1:-k + 1 or None], axis=-1)[:, 0]
+            for r in out.router_logits]
+    return np.min(np.stack(gaps), axis=0)
+
+
+@pytest.mark.parametrize("kind", ["llama-untied", "qwen2", *NEW_FAMILIES])
 def test_bf16_engine_error_within_twice_hf_bf16(kind, tiny_checkpoint, tiny_engine):
+    """MoE: a position whose top-k routing is a near tie in HF fp32 (a gap below
+    MOE_ROUTING_TIE_MARGIN) may go to another expert under bf16 rounding, which no error ratio
+    bounds (Mixtral, 33-token prompt, position 27: gap 0.0023, engine error 0.448 there vs HF
+    bf16's 0.020, every other position ~0.5x HF bf16's); such positions are left out, the
+    others compared."""
     ckpt = tiny_checkpoint(kind)
     llm = LLM(tiny_engine(kind, "bfloat16"), num_threads=2)
     prompts = _prompts(250, PROMPT_LENGTHS)
+    compared = total = 0
     for ids, got in zip(prompts, llm.score(prompts, num_prefill=1)):
         ref32 = hf_logits(ckpt, ids)
         ref16 = hf_logits(ckpt, ids, dtype="bfloat16")
-        ours, theirs = np.abs(got - ref32).max(), np.abs(ref16 - ref32).max()
+        keep = np.ones(len(ids), bool)
+        if kind in MOE_FAMILIES and (margin := _routing_margin(ckpt, ids)) is not None:
+            keep = margin >= MOE_ROUTING_TIE_MARGIN
+        compared, total = compared + keep.sum(), total + len(ids)
+        if not keep.any():
+            continue
+        ours, theirs = np.abs(got - ref32)[keep].max(), np.abs(ref16 - ref32).max()
         assert ours <= BF16_ERROR_RATIO * theirs, f"bf16 engine error {ours:.3g} vs HF bf16 error {theirs:.3g}"
+    assert compared >= 0.75 * total, f"only {compared} of {total} positions away from a routing tie"
 
 
 def test_batched_greedy_equals_each_prompt_alone(tiny_engine):
