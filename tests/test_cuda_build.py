@@ -103,7 +103,7 @@ def test_runtime_arch_check_names_both_archs():
 @pytest.mark.parametrize("flags,needle", [
     (["--target", "cuda", "--dtype", "float32"], "pass --dtype bfloat16"),
     (["--target", "cuda", "--quant", "w8a8-sq", "--calib-data", "wikitext2"], "no kernels for --quant w8a8-sq"),
-    (["--target", "cuda", "--kv-cache-dtype", "int8"], "drop --kv-cache-dtype"),
+    (["--target", "cuda", "--dtype", "bfloat16", "--kv-cache-dtype", "float32"], "drop --kv-cache-dtype float32"),
     (["--target", "cuda", "--tp", "2"], "drop --tp"),
     (["--gpu-arch", "sm_90"], "--target cuda only"),
     (["--dtype", "float16"], "float16 is a --target cuda dtype"),

@@ -56,9 +56,12 @@ def test_smollm2_cuda_build_report(smollm2_cuda_engine):
 
 
 def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel_cache):
-    """Weight-only cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head):
-    every quantized GEMM cubin passes the checks, dequantizes in registers into tensor-core
-    dots (HMMA in the 16-row tiles, HGMMA from 64 rows) and spills nothing."""
+    """Quantized cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head,
+    fp8 with dynamic activation scales): every quantized GEMM cubin passes the
+    checks and spills nothing; weight-only ones dequantize in registers into bf16
+    tensor-core dots (HMMA in the 16-row tiles, HGMMA from 64 rows), fp8 ones run E4M3 x E4M3
+    on Hopper's FP8 tensor cores (QGMMA) from 64 rows (16-row tiles: HMMA on the codes
+    widened to fp16, exact)."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
     from bessemer.quantization.config import QuantConfig
@@ -66,20 +69,47 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
 
     ckpt = make_tiny_checkpoint("llama-tied", tmp_path / "hf", intermediate_size=128)
     for i, quant in enumerate([QuantConfig("w4a16", group_size=32), QuantConfig("w4a16", group_size=64, zero_point=True),
-                               QuantConfig("w8a16")]):
+                               QuantConfig("w8a16"), QuantConfig("fp8", fp8_rounding="nearest")]):
         path = build_engine(ckpt, tmp_path / f"e{i}", BuildConfig(target="cuda", dtype="bfloat16", quant=quant, max_seq_len=128)) \
             / "rank0.engine"
         _, _, header, data_offset = read_rank_header(path)
         data = path.read_bytes()
         blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
                  for t in header["tensors"] if t["name"].startswith("cubin/")}
-        gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel")]
-        assert {k["function"] for k in gemms} == ({"gemm_w8_kernel"} if quant.bits == 8 else
-                                                  {"gemm_w4_kernel", "gemm_w8_kernel"})  # + the int8 lm_head
+        gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel", "gemm_fp8_kernel")]
+        main = {"w4a16": "gemm_w4_kernel", "w8a16": "gemm_w8_kernel", "fp8": "gemm_fp8_kernel"}[quant.mode]
+        assert {k["function"] for k in gemms} == {main, "gemm_w8_kernel"}  # + the int8 lm_head
         assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
         for k in gemms:
             cubin = blobs[k["cubin"]]
             assert check_kernel(cubin, k, "sm_90a") == [], (k["function"], k["constexprs"])
             ops = tensor_core_counts(cubin)
             assert ops == k["tensor_core_ops"]
-            assert ("HGMMA" if k["constexprs"]["BLOCK_M"] >= 64 else "HMMA") in ops, (k["function"], ops)
+            big = k["constexprs"]["BLOCK_M"] >= 64
+            want = ("QGMMA" if k["function"] == "gemm_fp8_kernel" else "HGMMA") if big else "HMMA"
+            assert want in ops, (k["function"], k["constexprs"]["BLOCK_M"], ops)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_quantized_kv_cache_cubins_pass_the_checks(kind, tmp_path, kernel_cache):
+    """--kv-cache-dtype int8 | fp8: the cache-writing and attention cubins (codes and scales)
+    pass the checks, spill nothing, and the prefill attention keeps its HGMMA dots."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+    from conftest import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint("llama-untied", tmp_path / "hf")
+    path = build_engine(ckpt, tmp_path / "e", BuildConfig(target="cuda", dtype="bfloat16", kv_cache_dtype=kind,
+                                                          max_seq_len=128)) / "rank0.engine"
+    _, _, header, data_offset = read_rank_header(path)
+    data = path.read_bytes()
+    blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
+             for t in header["tensors"] if t["name"].startswith("cubin/")}
+    kernels = [k for k in header["kernels"] if k["function"].startswith(("attention", "rope_kv_write"))]
+    assert {k["function"] for k in kernels} >= {"attention_prefill_kernel", "attention_decode_kernel",
+                                               "rope_kv_write_kernel"}
+    for k in kernels:
+        assert k["constexprs"].get("KV_CODES", 1 if kind == "int8" else 2) == (1 if kind == "int8" else 2)
+        assert check_kernel(blobs[k["cubin"]], k, "sm_90a") == [], (k["function"], k["constexprs"])
+        if k["function"] == "attention_prefill_kernel":
+            assert "HGMMA" in k["tensor_core_ops"], k["tensor_core_ops"]

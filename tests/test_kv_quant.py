@@ -19,6 +19,7 @@ from bessemer.quantization import fp8
 from bessemer.quantization import kv_cache as kvq
 from bessemer.runtime.llm import LLM, SamplingParams
 from conftest import WIKITEXT
+from hf_kv_quant import register_hf_kvq
 from tolerances import (KVQ_ERROR_RATIO, KVQ_GREEDY_TIE_MARGIN, KVQ_INT8_PPL_REL, KVQ_FP8_PPL_REL,
                         KVQ_LOGITS_ATOL, KVQ_LOGITS_RTOL, KVQ_FP8_MIN_SQNR_DB, KVQ_INT8_MIN_SQNR_DB)
 
@@ -65,26 +66,6 @@ def test_kv_quantization_round_trip(kind, min_db):
 
 # ---------------------------------------------------------------- tiny engines vs HF
 
-def _register_hf_kvq(kind: str) -> str:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
-    name = f"bessemer_kvq_{kind}"
-
-    def attention(module, query, key, value, mask, **kwargs):
-        import torch
-
-        def fq(x):  # x: (B, Hkv, T, D): rows are (token, head)
-            return torch.from_numpy(kvq.fake_quantize_kv(x.detach().float().numpy(), kind)).to(x.dtype)
-
-        return eager_attention_forward(module, query, fq(key), fq(value), mask, **kwargs)
-
-    AttentionInterface.register(name, attention)
-    AttentionMaskInterface.register(name, eager_mask)
-    return name
-
-
 _HF: dict = {}
 
 
@@ -94,7 +75,7 @@ def _hf(ckpt, kind: str | None):
 
     key = (str(ckpt), kind)
     if key not in _HF:
-        impl = _register_hf_kvq(kind) if kind else "eager"
+        impl = register_hf_kvq(kind) if kind else "eager"
         _HF[key] = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation=impl).eval()
     return _HF[key]
 

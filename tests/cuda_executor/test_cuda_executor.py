@@ -23,6 +23,7 @@ from fake_driver import fake_cuda, fake_libcuda, tiny_cubin  # noqa: F401
 from launches import PointerMap, from_fake_log
 
 from bessemer.errors import DeviceError, InvalidOptionError, RequestError
+from bessemer.format.kv import section_bytes_per_token
 from bessemer.runtime.engine import Engine
 from bessemer.targets.cuda import step_inputs
 from bessemer.targets.cuda.executor import CudaExecutor, graph_buckets, kv_cache_blocks
@@ -181,12 +182,18 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
     return json.loads((tmp_path / "out.json").read_text())
 
 
-def test_every_launch_matches_the_interpreted_launcher(engine, fake_cuda, tmp_path):
+@pytest.mark.parametrize("kv", [None, "int8"])
+def test_every_launch_matches_the_interpreted_launcher(kv, cuda_engine, fake_cuda, tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
     every launch equal the interpreted launcher's; block = 32 x compiled num_warps, shared
-    bytes = the kernel's, Triton's scratch pointers NULL (no kernel asks for scratch)."""
+    bytes = the kernel's, Triton's scratch pointers NULL (no kernel asks for scratch).
+    kv int8: a one-byte cache whose scales follow each block's codes; the runtime sizes a
+    block as format/kv.py counts it, and the scale pointers are the cache regions."""
+    engine = Engine.load(cuda_engine(KIND, **({"kv_cache_dtype": kv} if kv else {})))
     ex, first = _loaded(engine, fake_cuda, kv_cache_gib=0.01)
+    kv_section = engine.header["plan"]["kv_cache"]
+    assert ex._ex.kv_bytes_per_block == engine.build["kv_block_size"] * section_bytes_per_token(kv_section)
     kernels = engine.header["kernels"]
     steps = [(_prefill(), None, True), (_decode(2), _sampling(2), True), (_decode(3), _sampling(3), False)]
     expected = _interpreted(engine.dir, ex.num_kv_blocks,

@@ -13,6 +13,7 @@ import pytest
 from interp_support import assert_rounded_close, device_tensor, host, torch
 
 from bessemer.plugins import ops
+from bessemer.quantization import kv_cache as kvq
 from bessemer.targets.cuda import step_inputs
 from bessemer.targets.cuda.kernels import attention
 
@@ -40,10 +41,28 @@ def _block_tables(rng, contexts, block_size):
     return np.array([t + [-1] * (width - len(t)) for t in tables], dtype=np.int32), int(ids.max()) + 1
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def quantized_cache(values, kind: str, block_size: int):
+    """A one-byte KV cache region as the kernels read it (kernels/__init__.py: per block its
+    codes, then its fp32 scales), from values (slots, kv_heads, head_dim), with the codes of
+    quantization/kv_cache.py. Returns (codes view, scales view of the same bytes, the
+    dequantized values the kernels should see)."""
+    codes, scales = (kvq.quantize_int8 if kind == "int8" else kvq.quantize_fp8)(np.asarray(values, np.float32))
+    dequantized = (kvq.dequantize_int8 if kind == "int8" else kvq.dequantize_fp8)(codes, scales)
+    blocks = codes.shape[0] // block_size
+    region = np.concatenate([np.concatenate([codes[b * block_size:(b + 1) * block_size].view(np.uint8).ravel(),
+                                             scales[b * block_size:(b + 1) * block_size].ravel().view(np.uint8)])
+                             for b in range(blocks)])
+    mem = torch.from_numpy(region.copy())
+    return mem.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn), mem.view(torch.float32), dequantized
+
+
+@pytest.mark.parametrize("dtype,kv", [("bfloat16", None), ("float16", None), ("bfloat16", "int8"),
+                                      ("bfloat16", "fp8")])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,window,splits,tiles", CASES)
-def test_prefill_and_decode_attention_match_reference(dtype, heads, kv_heads, head_dim, block_size, window,
+def test_prefill_and_decode_attention_match_reference(dtype, kv, heads, kv_heads, head_dim, block_size, window,
                                                       splits, tiles):
+    """kv None: the cache in the activation dtype; int8 / fp8: one-byte codes with a scale
+    per (token, KV head), against the reference on the values those codes stand for."""
     if dtype == "float16" and heads != 6:
         pytest.skip("fp16 once, on the GQA-3 window case (the kernels are dtype-generic)")
     rng = np.random.default_rng(heads * 100 + head_dim)
@@ -53,25 +72,32 @@ def test_prefill_and_decode_attention_match_reference(dtype, heads, kv_heads, he
     cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
     t = int(cu[-1])
     group, block_d = heads // kv_heads, 1 << (head_dim - 1).bit_length()
-    k_cache = device_tensor(rng.normal(size=(num_blocks * block_size, kv_heads, head_dim)), dtype)
-    v_cache = device_tensor(rng.normal(size=(num_blocks * block_size, kv_heads, head_dim)), dtype)
+    k_values = rng.normal(size=(num_blocks * block_size, kv_heads, head_dim)) * np.exp(rng.normal(size=(1, kv_heads, 1)))
+    v_values = rng.normal(size=(num_blocks * block_size, kv_heads, head_dim))
+    if kv is None:
+        k_cache, v_cache = device_tensor(k_values, dtype), device_tensor(v_values, dtype)
+        k_scales = v_scales = torch.empty(0, dtype=torch.float32)
+        k_all, v_all = host(k_cache), host(v_cache)
+    else:
+        k_cache, k_scales, k_all = quantized_cache(k_values, kv, block_size)
+        v_cache, v_scales, v_all = quantized_cache(v_values, kv, block_size)
     q = device_tensor(rng.normal(size=(t, heads * head_dim)), dtype)
     out = torch.zeros(t, heads * head_dim, dtype=q.dtype)
     i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, Q_STRIDE=heads * head_dim,
                   KV_BLOCK_SIZE=block_size, BLOCK_TABLE_STRIDE=tables.shape[1], SLIDING_WINDOW=window,
-                  BLOCK_N=tiles["BLOCK_N"], BLOCK_D=block_d)
+                  BLOCK_N=tiles["BLOCK_N"], BLOCK_D=block_d, KV_CODES={None: 0, "int8": 1, "fp8": 2}[kv])
     scale = head_dim ** -0.5
 
     tile_tokens = tiles["BLOCK_M"] // group
     prefill = step_inputs.prefill_tiles(cu, tile_tokens)
     attention.attention_prefill_kernel[(len(prefill), kv_heads)](
-        q, out, k_cache, v_cache, i32(tables), i32(cu), i32(contexts), i32(prefill), scale,
+        q, out, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(prefill), scale,
         OUT_STRIDE=heads * head_dim, TILE_TOKENS=tile_tokens, BLOCK_M=tiles["BLOCK_M"], **common)
     decode = step_inputs.decode_seqs(cu)
     partials = torch.full((len(decode) * kv_heads * splits * group * (head_dim + 2),), float("nan"))
     attention.attention_decode_kernel[(len(decode), kv_heads, splits)](
-        q, k_cache, v_cache, i32(tables), i32(cu), i32(contexts), i32(decode), partials, scale,
+        q, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(decode), partials, scale,
         NUM_SPLITS=splits, BLOCK_G=max(16, 1 << (group - 1).bit_length()), **common)
     attention.attention_decode_reduce_kernel[(len(decode), heads)](
         partials, i32(cu), i32(decode), out, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
@@ -79,7 +105,7 @@ def test_prefill_and_decode_attention_match_reference(dtype, heads, kv_heads, he
 
     from tolerances import CUDA_OUTPUT_ROUNDING
 
-    k_all, v_all, q_all, o_all = host(k_cache), host(v_cache), host(q), host(out)
+    q_all, o_all = host(q), host(out)
     for s, (ctx, n) in enumerate(STEP):
         slots = np.array([tables[s, j // block_size] * block_size + j % block_size for j in range(ctx)])
         ks, vs = k_all[slots].reshape(ctx, -1), v_all[slots].reshape(ctx, -1)

@@ -14,6 +14,7 @@ from interp_support import assert_rounded_close, device_tensor, host, torch
 
 from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 from bessemer.plugins import ops
+from bessemer.quantization import kv_cache as kvq
 from bessemer.targets.cuda.kernels import elementwise, embedding, gemm, norm, rope
 
 DTYPES = ["bfloat16", "float16"]
@@ -128,13 +129,23 @@ def test_kv_write_copies_k_and_v_unrotated_to_their_slots(dtype):
     slots = np.array([3, 0, 9, 4], dtype=np.int32)
     shape = (12, kv_heads, head_dim)
     k_cache, v_cache = device_tensor(np.full(shape, 7.0), dtype), device_tensor(np.full(shape, 7.0), dtype)
-    rope.kv_write_kernel[(t,)](k, v, torch.from_numpy(slots), k_cache, v_cache, NUM_KV_HEADS=kv_heads,
-                               HEAD_DIM=head_dim, K_STRIDE=2 * kw + 8, V_STRIDE=2 * kw + 8, BLOCK_KV_HEADS=2,
-                               BLOCK_D=32)
+    rope.kv_write_kernel[(t,)](k, v, torch.from_numpy(slots), k_cache, v_cache, NO_SCALES, NO_SCALES,
+                               NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, K_STRIDE=2 * kw + 8, V_STRIDE=2 * kw + 8,
+                               BLOCK_KV_HEADS=2, BLOCK_D=32, KV_BLOCK_SIZE=4, KV_CODES=0)
     for cache, src in ((k_cache, k), (v_cache, v)):
         assert torch.equal(cache[torch.from_numpy(slots).long()].reshape(t, kw), src)
         untouched = [s for s in range(12) if s not in slots]
         assert bool((cache[untouched] == 7.0).all())
+
+
+NO_SCALES = torch.empty(0, dtype=torch.float32)  # the scale pointers of a cache without codes
+
+
+def _rope_constexprs(heads, kv_heads, head_dim, rotary_dim, stride):
+    pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
+    return dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, Q_STRIDE=stride,
+                K_STRIDE=stride, V_STRIDE=stride, BLOCK_HEADS=pow2(heads), BLOCK_KV_HEADS=pow2(kv_heads),
+                BLOCK_HALF=pow2(rotary_dim // 2), BLOCK_D=pow2(head_dim))
 
 
 ROPE_CASES = [  # (heads, kv heads, head_dim, rotary_dim, attention_scaling)
@@ -160,13 +171,10 @@ def test_rope_rotates_q_in_place_and_writes_k_v_to_their_cache_slots(dtype, head
     shape = (num_blocks * block_size, kv_heads, head_dim)
     k_cache = device_tensor(np.full(shape, 7.0), dtype)  # sentinel: untouched slots keep it
     v_cache = device_tensor(np.full(shape, 7.0), dtype)
-    half = rotary_dim // 2
     rope.rope_kv_write_kernel[(t,)](
         q, k, v, torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(inv_freq), k_cache, v_cache,
-        scaling, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
-        Q_STRIDE=qkv.shape[1], K_STRIDE=qkv.shape[1], V_STRIDE=qkv.shape[1],
-        BLOCK_HEADS=1 << (heads - 1).bit_length(), BLOCK_KV_HEADS=1 << (kv_heads - 1).bit_length(),
-        BLOCK_HALF=1 << (half - 1).bit_length(), BLOCK_D=1 << (head_dim - 1).bit_length())
+        NO_SCALES, NO_SCALES, scaling, KV_BLOCK_SIZE=block_size, KV_CODES=0,
+        **_rope_constexprs(heads, kv_heads, head_dim, rotary_dim, qkv.shape[1]))
     ref_q = ops.ref_rope(q_in, positions, inv_freq, heads, head_dim, rotary_dim, scaling)
     ref_k = ops.ref_rope(k_in, positions, inv_freq, kv_heads, head_dim, rotary_dim, scaling)
     assert_rounded_close(host(q), ref_q, dtype, "rotated q")
@@ -207,3 +215,82 @@ def test_gemm(dtype, m, n, k, bias, tile):
             assert err <= CUDA_GEMM_FP32_RTOL * np.abs(ref).max(), f"fp32 gemm error {err:.3g}"
         else:
             assert_rounded_close(host(y[:, :n]), ref, dtype, "gemm")
+
+
+def _read_quantized_cache(mem: np.ndarray, kind: str, block_size: int, kv_heads: int, head_dim: int):
+    """A one-byte cache region (kernels/__init__.py) -> (codes (slots, kv_heads, head_dim),
+    scales (slots, kv_heads))."""
+    rows = block_size * kv_heads
+    blocks = mem.reshape(-1, rows * (head_dim + 4))
+    codes = blocks[:, :rows * head_dim].reshape(-1, kv_heads, head_dim)
+    scales = np.ascontiguousarray(blocks[:, rows * head_dim:]).view(np.float32).reshape(-1, kv_heads)
+    return (codes.view(np.int8) if kind == "int8" else codes), scales
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,scaling", ROPE_CASES)
+def test_rope_writes_k_and_v_as_codes_and_scales(kind, heads, kv_heads, head_dim, rotary_dim, scaling):
+    """--kv-cache-dtype int8 | fp8: the cache receives quantization/kv_cache.py's codes and
+    scales of the rotated K and of V; q is rotated in place as without codes. V (unrotated)
+    must match exactly; K is rotated in fp32 (ops.ref_rope in float64), so a K element whose
+    scaled value lies within an fp32 rounding of a code boundary may take the neighbouring
+    code: at most one step, rarely."""
+    rng = np.random.default_rng(8)
+    t, block_size, num_blocks = 5, 4, 6
+    qw, kw = heads * head_dim, kv_heads * head_dim
+    qkv = device_tensor(rng.normal(size=(t, qw + 2 * kw)), "bfloat16")
+    q, k, v = qkv[:, :qw], qkv[:, qw:qw + kw], qkv[:, qw + kw:]
+    q_in, k_in, v_in = host(q), host(k), host(v)
+    positions = np.array([0, 1, 7, 8, 2000], dtype=np.int32)
+    slots = np.array([5, 6, 22, 0, 13], dtype=np.int32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, rotary_dim, 2) / rotary_dim)).astype(np.float32)
+    caches = [torch.full((num_blocks * block_size * kv_heads * (head_dim + 4),), 0x55, dtype=torch.uint8)
+              for _ in range(2)]
+    code_type = torch.int8 if kind == "int8" else torch.float8_e4m3fn
+    rope.rope_kv_write_kernel[(t,)](
+        q, k, v, torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(inv_freq),
+        caches[0].view(code_type), caches[1].view(code_type), caches[0].view(torch.float32),
+        caches[1].view(torch.float32), scaling, KV_BLOCK_SIZE=block_size, KV_CODES=1 if kind == "int8" else 2,
+        **_rope_constexprs(heads, kv_heads, head_dim, rotary_dim, qkv.shape[1]))
+    assert_rounded_close(host(q), ops.ref_rope(q_in, positions, inv_freq, heads, head_dim, rotary_dim, scaling),
+                         "bfloat16", "rotated q")
+    quantize = kvq.quantize_int8 if kind == "int8" else kvq.quantize_fp8
+    dequantize = kvq.dequantize_int8 if kind == "int8" else kvq.dequantize_fp8
+    ref_k = ops.ref_rope(k_in, positions, inv_freq, kv_heads, head_dim, rotary_dim, scaling)
+    for cache, ref, exact in ((caches[0], ref_k, False), (caches[1], v_in, True)):
+        codes, scales = _read_quantized_cache(cache.numpy(), kind, block_size, kv_heads, head_dim)
+        want_codes, want_scales = quantize(np.asarray(ref, np.float32).reshape(t, kv_heads, head_dim))
+        np.testing.assert_allclose(scales[slots], want_scales, rtol=1e-6)
+        got, want = dequantize(codes[slots], scales[slots]), dequantize(want_codes, want_scales)
+        if exact:
+            np.testing.assert_array_equal(codes[slots], want_codes)
+        else:  # one step at most: int8 one scale; E4M3 3 mantissa bits (2^-3 relative, or a subnormal step)
+            step = want_scales[..., None] * (1.0 if kind == "int8" else np.maximum(np.abs(want) / want_scales[..., None]
+                                                                                   * 2.0 ** -3, 2.0 ** -9))
+            assert np.all(np.abs(got - want) <= step * (1 + 1e-6))
+            assert np.mean(codes[slots] == want_codes) >= 0.98
+        untouched = np.setdiff1d(np.arange(num_blocks * block_size), slots)
+        assert (codes.view(np.uint8)[untouched] == 0x55).all()
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_kv_write_stores_codes_and_scales(kind):
+    rng = np.random.default_rng(9)
+    t, kv_heads, head_dim, block_size = 4, 2, 24, 4
+    kw = kv_heads * head_dim
+    kv = device_tensor(rng.normal(size=(t, 2 * kw)) * 3, "bfloat16")
+    kv[2, :head_dim] = 0  # a zero row: scale 0, codes 0
+    k, v = kv[:, :kw], kv[:, kw:]
+    slots = np.array([3, 0, 9, 4], dtype=np.int32)
+    caches = [torch.zeros(3 * block_size * kv_heads * (head_dim + 4), dtype=torch.uint8) for _ in range(2)]
+    code_type = torch.int8 if kind == "int8" else torch.float8_e4m3fn
+    rope.kv_write_kernel[(t,)](k, v, torch.from_numpy(slots), caches[0].view(code_type), caches[1].view(code_type),
+                               caches[0].view(torch.float32), caches[1].view(torch.float32), NUM_KV_HEADS=kv_heads,
+                               HEAD_DIM=head_dim, K_STRIDE=2 * kw, V_STRIDE=2 * kw, BLOCK_KV_HEADS=2, BLOCK_D=32,
+                               KV_BLOCK_SIZE=block_size, KV_CODES=1 if kind == "int8" else 2)
+    quantize = kvq.quantize_int8 if kind == "int8" else kvq.quantize_fp8
+    for cache, src in zip(caches, (k, v)):
+        codes, scales = _read_quantized_cache(cache.numpy(), kind, block_size, kv_heads, head_dim)
+        want_codes, want_scales = quantize(host(src).astype(np.float32).reshape(t, kv_heads, head_dim))
+        np.testing.assert_array_equal(codes[slots], want_codes)
+        np.testing.assert_array_equal(scales[slots], want_scales)

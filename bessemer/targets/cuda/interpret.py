@@ -35,10 +35,10 @@ from bessemer.targets.cuda.plan import SCHEMA, VERSION
 
 ALIGN = 256
 TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
-                "int8": "int8", "uint8": "uint8"}
+                "int8": "int8", "uint8": "uint8", "float8_e4m3": "float8_e4m3fn"}
 POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*i32": "int32", "*i8": "int8",
-                  "*u8": "uint8"}
-ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1}
+                  "*u8": "uint8", "*fp8e4nv": "float8_e4m3"}
+ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3": 1}
 
 
 def _align(n: int) -> int:
@@ -108,7 +108,9 @@ class InterpretedExecutor:
         self.tensor_offsets = {t["name"]: t["offset"] for t in header["tensors"]}
         kv = plan["kv_cache"]
         self.num_kv_blocks = num_kv_blocks
-        slots = num_kv_blocks * plan["limits"]["kv_block_size"] * kv["num_kv_heads"] * kv["head_dim"]
+        cache_rows = num_kv_blocks * plan["limits"]["kv_block_size"] * kv["num_kv_heads"]  # (token, head) rows
+        # one-byte codes: each block's codes, then its fp32 scales (kernels/__init__.py)
+        slots = cache_rows * (kv["head_dim"] + (4 if "scales" in kv else 0))
         rows = plan["limits"]["max_num_tokens"]
         self.buffers = _Region([(f"b{b['id']}", b["dtype"], rows * b["width"]) for b in plan["buffers"]])
         self.workspace = _Region([(w["name"], w["dtype"], w["elems"]) for w in plan["workspace"]])

@@ -19,12 +19,13 @@ from bessemer.builder.graph import Graph, GraphError
 from bessemer.builder.lower import TensorSpec, plan_memory
 from bessemer.format.plan import ROWS_SELECTED
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import Int4Group, Int8PerChannel
+from bessemer.quantization.formats import Fp8E4M3, Int4Group, Int8PerChannel
 from bessemer.targets.cuda.compile import KernelSpec
 from bessemer.targets.cuda.plan import CudaPlan, Launch, RowSwitch
 
 K = "bessemer.targets.cuda.kernels."
-TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int8": "i8", "int4": "u8"}
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int8": "i8", "int4": "u8",
+                "float8_e4m3": "fp8e4nv"}
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # GEMM tile configs by bucket of M (rows of the step), sm_90: (max rows, BLOCK_M, BLOCK_N,
 # BLOCK_K, num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on
@@ -33,6 +34,8 @@ GEMM_CONFIGS = ((16, 16, 64, 128, 4, 4), (64, 64, 64, 64, 4, 4), (None, 128, 128
 ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
 DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_seq_len, <= 16
 SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
+# one-byte KV caches (format/kv.py dtypes) -> the kernels' KV_CODES constexpr (0: activation dtype)
+KV_CODES = {"int8": 1, "float8_e4m3": 2}
 SUPPORTED_OPS = {"embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split",
                  "rope", "attention", "rms_norm_heads", "gelu_tanh_mul", "scale"}
 
@@ -48,7 +51,7 @@ def cdiv(a: int, b: int) -> int:
 class _Lowering:
     """State of one lowering: views and buffers from the memory plan, the specs to store."""
 
-    def __init__(self, graph: Graph, build: BuildConfig):
+    def __init__(self, graph: Graph, build: BuildConfig, kv_dtype: str):
         self.graph, self.build, self.act = graph, build, build.dtype
         self.view, buffers = plan_memory(graph)
         logits = self.view[graph.output]
@@ -60,6 +63,22 @@ class _Lowering:
         self.buffers = [{"id": b.id, "rows": b.rows, "width": b.width,
                          "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
         self.tensors: dict[str, list[TensorSpec]] = {}  # weight -> its tensors (a quantized one: codes, parts)
+        self.kv_dtype = kv_dtype
+        self.kv_codes = KV_CODES[kv_dtype] if kv_dtype in KV_CODES else 0
+
+    def kv_params(self, layer: int) -> list:
+        """The cache parameters of a layer's kernels: K and V (elements, or one-byte codes) and,
+        for codes, the same K and V regions viewed as fp32 for their scales (null otherwise)."""
+        elem = "*" + TRITON_TYPES[self.kv_dtype]
+        params = [("k_cache_ptr", elem, {"kv": "k", "layer": layer}, True),
+                  ("v_cache_ptr", elem, {"kv": "v", "layer": layer}, True)]
+        for kind in "kv":
+            arg = {"kv": kind, "layer": layer} if self.kv_codes else {"null": True}
+            params.append((f"{kind}_scales_ptr", "*fp32", arg, bool(self.kv_codes)))
+        return params
+
+    def kv_constexprs(self) -> dict:
+        return dict(KV_BLOCK_SIZE=self.build.kv_block_size, KV_CODES=self.kv_codes)
 
     # ---- arguments ----
     def buf(self, value: str) -> tuple[dict, str, bool, int]:
@@ -195,11 +214,18 @@ def _lower_gather_rows(lw: _Lowering, n) -> list:
 
 def _linear_kernel(lw: _Lowering, w) -> tuple[str, str, list, dict, tuple[int, int]]:
     """(family, function, weight params, constexprs, (largest BLOCK_N, largest BLOCK_K)) of
-    the GEMM that reads `w` as stored: dense, or a weight-only format (kernels/gemm_quant.py)."""
+    the GEMM that reads `w` as stored: dense, a weight-only format (kernels/gemm_quant.py) or
+    fp8 (kernels/gemm_fp8.py)."""
     if w.quant is None:
         return "gemm", "gemm_kernel", [("w_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(w, lw.act), True)], {}, \
             (128, 128)
     q = lw.quantized(w)
+    if isinstance(w.quant, Fp8E4M3):
+        input_scale = q.get("input_scale", ({"null": True}, "*fp32"))
+        return "gemm_fp8", "gemm_fp8_kernel", [
+            ("codes_ptr", q["codes"][1], q["codes"][0], True), ("scales_ptr", q["scales"][1], q["scales"][0], True),
+            ("input_scale_ptr", input_scale[1], input_scale[0], "input_scale" in q)], \
+            dict(DYNAMIC=w.quant.dynamic), (128, 128)
     if isinstance(w.quant, Int8PerChannel):
         return "gemm_quant", "gemm_w8_kernel", [("codes_ptr", q["codes"][1], q["codes"][0], True),
                                                 ("scales_ptr", q["scales"][1], q["scales"][0], True)], {}, (128, 64)
@@ -242,13 +268,11 @@ def _lower_rope(lw: _Lowering, n, attention) -> list:
         lw.value_param("q_ptr", q), lw.value_param("k_ptr", k), lw.value_param("v_ptr", v),
         ("positions_ptr", "*i32", {"step": "positions"}, True),
         ("slot_mapping_ptr", "*i32", {"step": "slot_mapping"}, True),
-        ("inv_freq_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True),
-        ("k_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "k", "layer": layer}, True),
-        ("v_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "v", "layer": layer}, True),
+        ("inv_freq_ptr", "*fp32", lw.weight(n.weights[0], "float32"), True), *lw.kv_params(layer),
         ("attention_scaling", "fp32", {"f32": float(a.get("attention_scaling", 1.0))}, False)],
         dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, ROTARY_DIM=r, Q_STRIDE=lw.stride(q),
              K_STRIDE=lw.stride(k), V_STRIDE=lw.stride(v), BLOCK_HEADS=pow2(heads), BLOCK_KV_HEADS=pow2(kv_heads),
-             BLOCK_HALF=pow2(r // 2), BLOCK_D=pow2(d)))]
+             BLOCK_HALF=pow2(r // 2), BLOCK_D=pow2(d), **lw.kv_constexprs()))]
 
 
 def _lower_kv_write(lw: _Lowering, attention) -> list:
@@ -258,11 +282,9 @@ def _lower_kv_write(lw: _Lowering, attention) -> list:
     kv_heads, d, layer = int(a["num_kv_heads"]), int(a["head_dim"]), int(a["layer"])
     return [lw.launch((attention.name + ".kv_write", "kv_write"), "rope", "kv_write_kernel", _rows_grid("tokens"), [
         lw.value_param("k_ptr", k), lw.value_param("v_ptr", v),
-        ("slot_mapping_ptr", "*i32", {"step": "slot_mapping"}, True),
-        ("k_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "k", "layer": layer}, True),
-        ("v_cache_ptr", "*" + TRITON_TYPES[lw.act], {"kv": "v", "layer": layer}, True)],
+        ("slot_mapping_ptr", "*i32", {"step": "slot_mapping"}, True), *lw.kv_params(layer)],
         dict(NUM_KV_HEADS=kv_heads, HEAD_DIM=d, K_STRIDE=lw.stride(k), V_STRIDE=lw.stride(v),
-             BLOCK_KV_HEADS=pow2(kv_heads), BLOCK_D=pow2(d)))]
+             BLOCK_KV_HEADS=pow2(kv_heads), BLOCK_D=pow2(d), **lw.kv_constexprs()))]
 
 
 def attention_shape(n, build: BuildConfig) -> dict:
@@ -279,15 +301,14 @@ def _lower_attention(lw: _Lowering, n) -> list:
     a = n.attrs
     heads, kv_heads, d, layer = (int(a[key]) for key in ("num_heads", "num_kv_heads", "head_dim", "layer"))
     shape = attention_shape(n, lw.build)
-    act = "*" + TRITON_TYPES[lw.act]
-    cache = [("k_cache_ptr", act, {"kv": "k", "layer": layer}, True), ("v_cache_ptr", act, {"kv": "v", "layer": layer}, True),
-             ("block_tables_ptr", "*i32", {"step": "block_tables"}, True),
+    cache = [*lw.kv_params(layer), ("block_tables_ptr", "*i32", {"step": "block_tables"}, True),
              ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
              ("context_lens_ptr", "*i32", {"step": "context_lens"}, True)]
     scale = ("scale", "fp32", {"f32": float(a["scale"])}, False)
     common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, Q_STRIDE=lw.stride(q),
                   KV_BLOCK_SIZE=lw.build.kv_block_size, BLOCK_TABLE_STRIDE=cdiv(lw.build.max_seq_len, lw.build.kv_block_size),
-                  SLIDING_WINDOW=int(a.get("sliding_window", 0)), BLOCK_N=ATTN_BLOCK_N, BLOCK_D=pow2(d))
+                  SLIDING_WINDOW=int(a.get("sliding_window", 0)), BLOCK_N=ATTN_BLOCK_N, BLOCK_D=pow2(d),
+                  KV_CODES=lw.kv_codes)
     prefill = lw.launch(n, "attention", "attention_prefill_kernel", (("prefill_tiles", 1, 1), kv_heads, 1), [
         lw.value_param("q_ptr", q), lw.value_param("out_ptr", out), *cache,
         ("prefill_tiles_ptr", "*i32", {"step": "prefill_tiles"}, True), scale],
@@ -338,9 +359,9 @@ def check_supported(graph: Graph, build: BuildConfig) -> None:
         for w in n.weights:
             if w is None or w.quant is None:
                 continue
-            if not isinstance(w.quant, (Int8PerChannel, Int4Group)):
+            if not isinstance(w.quant, (Int8PerChannel, Int4Group, Fp8E4M3)):
                 raise InvalidOptionError(f"{n.name}: the cuda target has no kernel for {w.quant.describe()} weights "
-                                         "yet (--quant w8a8-sq, fp8); use --quant w8a16 or w4a16, or --target cpu")
+                                         "yet (--quant w8a8-sq); use --quant w8a16, w4a16 or fp8, or --target cpu")
             if isinstance(w.quant, Int4Group) and w.quant.group_size % 32:
                 raise InvalidOptionError(f"{n.name}: 4-bit groups of {w.quant.group_size} (its {w.shape[1]} input "
                                          "features) are not a multiple of 32, which the cuda kernels need; use "
@@ -349,7 +370,12 @@ def check_supported(graph: Graph, build: BuildConfig) -> None:
 
 def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPlan, list[TensorSpec]]:
     check_supported(graph, build)
-    lw = _Lowering(graph, build)
+    if model_kv["dtype"] in KV_CODES and model_kv["head_dim"] % 4:
+        raise InvalidOptionError(f"--kv-cache-dtype {build.kv_cache_dtype} on the cuda target needs a head_dim "
+                                 f"that is a multiple of 4 (its fp32 scales follow the codes), not "
+                                 f"{model_kv['head_dim']}; drop --kv-cache-dtype")
+    kv_dtype = model_kv["dtype"] if model_kv["dtype"] in KV_CODES else build.dtype
+    lw = _Lowering(graph, build, kv_dtype)
     consumers = graph.consumers()
     attentions = [n for n in graph.nodes if n.op == "attention"]
     shapes = {tuple(sorted(attention_shape(n, build).items())) for n in attentions}
@@ -377,7 +403,7 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
                 "max_blocks_per_seq": cdiv(build.max_seq_len, build.kv_block_size),
                 "kv_block_size": build.kv_block_size},
         buffers=tuple(lw.buffers), workspace=workspace, step_inputs=_step_inputs(build, shape["tile_tokens"]),
-        kv_cache=dict(model_kv, dtype=lw.act), attention={"tile_tokens": shape["tile_tokens"]},
+        kv_cache=dict(model_kv, dtype=kv_dtype), attention={"tile_tokens": shape["tile_tokens"]},
         forward=tuple(forward), sample=(_sample_launch(lw, graph.output),),
         logits={"buffer": lw.view[graph.output].buffer, "width": graph.values[graph.output].width},
         vocab_size=graph.values[graph.output].width)

@@ -20,7 +20,7 @@ Plan JSON::
      "buffers": [{"id", "rows": "tokens" | "selected", "width", "dtype"}, ...],
      "workspace": [{"name", "dtype", "elems"}, ...],
      "step_inputs": [{"name", "dtype", "elems"}, ...],
-     "kv_cache": {"num_layers", "num_kv_heads", "head_dim", "dtype"},
+     "kv_cache": {"num_layers", "num_kv_heads", "head_dim", "dtype", "scales" (one-byte dtypes)},
      "attention": {"tile_tokens": TILE},
      "forward": [launch, ...],      # one step: token ids in, logits out
      "sample":  [launch, ...],      # optional, after forward: sampled token ids out
@@ -33,7 +33,9 @@ Device memory the launcher allocates (its own offsets; every base 256-byte align
 - step_inputs: the per-step arrays of step_inputs.py, capacity elems each (int32 or
   float32); "sampled_tokens" is the one the sample launches write (read back: L tokens);
 - the KV cache: per layer two arrays (K, V) [num_blocks, BS, num_kv_heads, head_dim] of
-  kv_cache.dtype; num_blocks is the runtime's choice, block tables index into it;
+  kv_cache.dtype; num_blocks is the runtime's choice, block tables index into it; with
+  one-byte codes (int8, float8_e4m3; "scales": "dynamic_per_token_head_float32") each block
+  is its codes followed by their fp32 scales [BS, num_kv_heads] (kernels/__init__.py);
 - weights: the rank file's tensors, each at a 64-byte aligned address.
 
 A launch is one kernel launch::

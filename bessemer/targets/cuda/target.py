@@ -9,8 +9,10 @@ from bessemer.targets import KernelSection, LoweredRank, OpenedExecutor, RunOpti
 
 # activations, weights and KV cache in one 16-bit float type
 CUDA_DTYPES = ("bfloat16", "float16")
-# weight-only modes: their int8 / int4 codes run in kernels/gemm_quant.py (fp8 and w8a8-sq: not yet)
-CUDA_QUANT_MODES = ("w8a16", "w4a16", "w4a16-awq", "w4a16-gptq")
+# weight-only int8 / int4 codes run in kernels/gemm_quant.py, fp8 in kernels/gemm_fp8.py (w8a8-sq: not yet)
+CUDA_QUANT_MODES = ("w8a16", "w4a16", "w4a16-awq", "w4a16-gptq", "fp8")
+# --kv-cache-dtype values with one-byte codes and a scale per (token, KV head) (format/kv.py)
+CUDA_KV_CODES = ("int8", "fp8")
 
 
 class CudaTarget(Target):
@@ -28,9 +30,9 @@ class CudaTarget(Target):
         if build.dtype not in CUDA_DTYPES:
             raise InvalidOptionError(f"--target cuda runs {' or '.join(CUDA_DTYPES)} kernels, not {build.dtype}; "
                                      "pass --dtype bfloat16")
-        if build.kv_cache_dtype not in (None, build.dtype):
-            raise InvalidOptionError(f"--target cuda keeps the KV cache in --dtype ({build.dtype}); "
-                                     f"drop --kv-cache-dtype {build.kv_cache_dtype}")
+        if build.kv_cache_dtype not in (None, build.dtype, *CUDA_KV_CODES):
+            raise InvalidOptionError(f"--target cuda keeps the KV cache in --dtype ({build.dtype}) or as "
+                                     f"{' or '.join(CUDA_KV_CODES)} codes; drop --kv-cache-dtype {build.kv_cache_dtype}")
         if build.resolved_gpu_arch not in GPU_ARCHS:
             raise InvalidOptionError(f"--gpu-arch {build.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
         if build.quant is not None and build.quant.mode not in CUDA_QUANT_MODES:

@@ -151,7 +151,7 @@ void Executor::allocate_activations() {
 
 uint64_t Executor::kv_bytes_per_block() const {
     return uint64_t(plan_.kv.num_layers) * 2 * uint64_t(plan_.kv_block_size) * uint64_t(plan_.kv.num_kv_heads) *
-           uint64_t(plan_.kv.head_dim) * uint64_t(plan_.kv.elem_bytes);
+           (uint64_t(plan_.kv.head_dim) * uint64_t(plan_.kv.elem_bytes) + uint64_t(plan_.kv.scale_bytes));
 }
 
 void Executor::allocate_kv_cache(int64_t num_blocks) {

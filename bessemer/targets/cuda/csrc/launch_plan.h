@@ -75,6 +75,7 @@ struct LaunchItem {
 
 struct KvCacheSpec {
     int num_layers = 0, num_kv_heads = 0, head_dim = 0, elem_bytes = 2;
+    int scale_bytes = 0;  // per (token, KV head), after each block's codes
     std::string dtype;
 };
 

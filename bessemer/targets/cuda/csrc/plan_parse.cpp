@@ -185,7 +185,7 @@ const char* step_array_name(int index) { return kStepNames[index]; }
 int dtype_bytes(const std::string& dtype) {
     if (dtype == "bfloat16" || dtype == "float16") return 2;
     if (dtype == "float32" || dtype == "int32") return 4;
-    if (dtype == "uint8" || dtype == "int8") return 1;
+    if (dtype == "uint8" || dtype == "int8" || dtype == "float8_e4m3") return 1;
     throw std::invalid_argument("cuda plan: dtype " + dtype + " is not one this runtime handles");
 }
 
@@ -255,6 +255,12 @@ LaunchPlan parse_plan(const py::dict& header, uint64_t data_size) {
     plan.kv.head_dim = field<int>(kv, "head_dim", "plan kv_cache");
     plan.kv.dtype = field<std::string>(kv, "dtype", "plan kv_cache");
     plan.kv.elem_bytes = dtype_bytes(plan.kv.dtype);
+    // one-byte codes carry a float32 scale per (token, KV head) after each block's codes
+    const bool scaled = has(kv, "scales");
+    if (scaled && field<std::string>(kv, "scales", "plan kv_cache") != "dynamic_per_token_head_float32")
+        bad("plan kv_cache: scales " + field<std::string>(kv, "scales", "plan kv_cache") + " is unknown to this runtime");
+    if (scaled != (plan.kv.elem_bytes == 1)) bad("plan kv_cache: one-byte codes need scales, and only they have them");
+    plan.kv.scale_bytes = scaled ? 4 : 0;
 
     std::map<std::string, WeightRef> cubins;
     for (const auto& t : field<py::list>(header, "tensors", "rank header")) {

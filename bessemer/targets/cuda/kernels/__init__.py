@@ -11,4 +11,10 @@ Conventions shared by every kernel (the cuda plan relies on them, see targets/cu
 - The paged KV cache of one layer is [num_blocks, block_size, num_kv_heads, head_dim]:
   element (slot, h, d) lives at (slot * num_kv_heads + h) * head_dim + d, where the slot
   of position p of sequence s is block_tables[s, p // block_size] * block_size + p % block_size.
+  With one-byte codes (--kv-cache-dtype int8 | fp8: KV_CODES 1 | 2) a block is its codes
+  [block_size, num_kv_heads, head_dim] (bytes) followed by their float32 scales
+  [block_size, num_kv_heads]: block b starts at byte b * block_size * num_kv_heads *
+  (head_dim + 4), and the kernels read the scales through a float32 pointer to the same
+  region (head_dim a multiple of 4 keeps them aligned). Keeping a block's scales beside its
+  codes lets the cache stay one region per layer and K/V, sized as format/kv.py counts it.
 """

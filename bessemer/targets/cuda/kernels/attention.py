@@ -24,21 +24,54 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _kv_slots(block_tables_ptr, seq, keys, key_mask, KV_BLOCK_SIZE: tl.constexpr,
-              BLOCK_TABLE_STRIDE: tl.constexpr):
-    """Cache slots of positions `keys` of sequence `seq` (int64; 0 where masked)."""
+def _kv_rows(block_tables_ptr, seq, keys, key_mask, kv_head, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+             KV_BLOCK_SIZE: tl.constexpr, BLOCK_TABLE_STRIDE: tl.constexpr, KV_CODES: tl.constexpr):
+    """(offset of the first element of each key's row of `kv_head` in the cache, index of
+    its scale in the cache viewed as fp32; unused without codes), int64, 0 where masked.
+    The cache layout: kernels/__init__.py."""
     block = tl.load(block_tables_ptr + seq * BLOCK_TABLE_STRIDE + keys // KV_BLOCK_SIZE, mask=key_mask, other=0)
-    return block.to(tl.int64) * KV_BLOCK_SIZE + keys % KV_BLOCK_SIZE
+    block = block.to(tl.int64)
+    row = ((keys % KV_BLOCK_SIZE) * NUM_KV_HEADS + kv_head).to(tl.int64)  # the (token, head) row in its block
+    BLOCK_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * (HEAD_DIM + 4)
+    CODE_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
+    if KV_CODES == 0:
+        first = (block * (KV_BLOCK_SIZE * NUM_KV_HEADS) + row) * HEAD_DIM
+        scale = row
+    else:
+        first = block * BLOCK_BYTES + row * HEAD_DIM
+        scale = block * (BLOCK_BYTES // 4) + CODE_BYTES // 4 + row
+    return first, scale
 
 
 @triton.jit
-def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr,
-                             context_lens_ptr, prefill_tiles_ptr, scale,
+def _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES: tl.constexpr):
+    """q @ k (fp32, (rows, keys)); k: (D, keys) as cached. Codes (int8 or E4M3, exact in the
+    activation dtype) take the tensor-core dot as they are and each key's scale multiplies
+    its column of scores."""
+    if KV_CODES == 0:
+        return tl.dot(q, k)
+    s = tl.dot(q, k.to(tl.float32).to(q.dtype))
+    return s * tl.load(k_scales_ptr + kv_scale, mask=key_ok, other=0.0)[None, :]
+
+
+@triton.jit
+def _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, act_dtype: tl.constexpr, KV_CODES: tl.constexpr):
+    """p @ v (fp32, (rows, D)); p: (rows, keys) fp32 probabilities, v: (keys, D) as cached.
+    Codes: each key's scale multiplies its column of p before p is rounded for the dot."""
+    if KV_CODES == 0:
+        return tl.dot(p.to(v.dtype), v)
+    p = p * tl.load(v_scales_ptr + kv_scale, mask=key_ok, other=0.0)[None, :]
+    return tl.dot(p.to(act_dtype), v.to(tl.float32).to(act_dtype))
+
+
+@triton.jit
+def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
+                             cu_seqlens_ptr, context_lens_ptr, prefill_tiles_ptr, scale,
                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                              Q_STRIDE: tl.constexpr, OUT_STRIDE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
                              BLOCK_TABLE_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
                              TILE_TOKENS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
+                             BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
     """One tile of TILE_TOKENS query rows of one sequence x the G query heads of one KV head.
     prefill_tiles: [P, 2] int32 (sequence, first row of the tile within the sequence).
     Grid: (P, NUM_KV_HEADS)."""
@@ -73,10 +106,10 @@ def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tab
     for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < hi
-        kv = (_kv_slots(block_tables_ptr, seq, keys, key_ok, KV_BLOCK_SIZE, BLOCK_TABLE_STRIDE)
-              * NUM_KV_HEADS + kv_head) * HEAD_DIM
+        kv, kv_scale = _kv_rows(block_tables_ptr, seq, keys, key_ok, kv_head, NUM_KV_HEADS, HEAD_DIM, KV_BLOCK_SIZE,
+                                BLOCK_TABLE_STRIDE, KV_CODES)
         k = tl.load(k_cache_ptr + kv[None, :] + d[:, None], mask=key_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, k) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        s = _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         valid = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
         if SLIDING_WINDOW > 0:
             valid = valid & (keys[None, :] > q_pos[:, None] - SLIDING_WINDOW)
@@ -87,7 +120,7 @@ def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tab
         alpha = tl.exp2(m_i - m_base)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
         m_i = m_new
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + rows[:, None] * OUT_STRIDE + head[:, None] * HEAD_DIM + d[None, :],
@@ -95,13 +128,13 @@ def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tab
 
 
 @triton.jit
-def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,
-                            decode_seqs_ptr, partials_ptr, scale,
+def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
+                            cu_seqlens_ptr, context_lens_ptr, decode_seqs_ptr, partials_ptr, scale,
                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                             Q_STRIDE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
                             BLOCK_TABLE_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
                             NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_D: tl.constexpr):
+                            BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
     """The one row of a decode sequence, the G heads of one KV head, over one of NUM_SPLITS
     contiguous ranges of its keys. Writes unnormalized partials
     partials[i, kv_head, split, g, :] = (acc[0:HEAD_DIM], running max m, sum l), fp32, for
@@ -134,16 +167,17 @@ def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, c
     for block_start in range(start, end, BLOCK_N):
         keys = block_start + tl.arange(0, BLOCK_N)
         key_ok = keys < end
-        kv = (_kv_slots(block_tables_ptr, seq, keys, key_ok, KV_BLOCK_SIZE, BLOCK_TABLE_STRIDE)
-              * NUM_KV_HEADS + kv_head) * HEAD_DIM
+        kv, kv_scale = _kv_rows(block_tables_ptr, seq, keys, key_ok, kv_head, NUM_KV_HEADS, HEAD_DIM, KV_BLOCK_SIZE,
+                                BLOCK_TABLE_STRIDE, KV_CODES)
         k = tl.load(k_cache_ptr + kv[None, :] + d[:, None], mask=key_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.where(key_ok[None, :], tl.dot(q, k) * qk_scale, float("-inf"))
+        s = tl.where(key_ok[None, :], _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES) * qk_scale,
+                     float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])  # every block has a key, so m_new is finite
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
         m_i = m_new
     PARTIAL: tl.constexpr = HEAD_DIM + 2
     base = partials_ptr + (((i * NUM_KV_HEADS + kv_head) * NUM_SPLITS + split) * G + g).to(tl.int64) * PARTIAL

@@ -1,0 +1,59 @@
+"""FP8 GEMM on Hopper's FP8 tensor cores: y[M, N] = (e4m3(x / s_x) @ decode(codes)^T) * s_x *
+scales (+ bias), what linear_fp8 computes on the cpu target (format/plan.py, @1 and @2),
+with the codes of quantization/formats.Fp8E4M3 stored row-major [N, K] (E4M3 bytes) and an
+fp32 scale per output channel.
+
+Activation scales: static (one calibrated s_x per linear, stored as <weight>.input_scale) or
+dynamic (s_x[m] = max_k |x[m, k]| / 448 per row, 1 for an all-zero row). The dynamic scale
+is a first pass over the tile's rows of x inside the GEMM, not a separate quantize kernel:
+x is small next to the weights at decode, and from L2 at prefill, so reading it twice costs
+less than a launch and a round trip of the codes through memory. x / s_x is an fp32
+division, then cvt.rn.satfinite to E4M3 (nearest even, saturating at +-448), as
+quantization/fp8.py rounds.
+
+The dot is E4M3 x E4M3 with fp32 accumulation. Hopper's FP8 wgmma accumulates in reduced
+precision; max_num_imprecise_acc = BLOCK_K promotes the partial sums into the fp32
+accumulator after every K block (what cuBLASLt does without FAST_ACCUM).
+"""
+
+import triton
+import triton.language as tl
+
+from bessemer.targets.cuda.kernels.gemm import output_tile
+
+E4M3_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def gemm_fp8_kernel(x_ptr, codes_ptr, scales_ptr, input_scale_ptr, bias_ptr, y_ptr, M,
+                    N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
+                    DYNAMIC: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """x: (M, K) activations; codes fp8e4nv [N, K]; scales fp32 [N]; input_scale fp32 [1]
+    (read unless DYNAMIC). Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
+    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
+    if DYNAMIC:
+        amax = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + rk
+            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        s_x = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)  # (BLOCK_M,)
+    else:
+        s_x = tl.zeros([BLOCK_M], tl.float32) + tl.load(input_scale_ptr)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0).to(tl.float32)
+        a = (x / s_x[:, None]).to(tl.float8e4nv)
+        b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0.0)
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+    acc *= s_x[:, None] * tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
