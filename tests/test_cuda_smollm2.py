@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
 
 from bessemer.format.container import read_rank_header  # noqa: E402
-from bessemer.targets.cuda.cubin import check_kernel, read_cubin, tensor_core_counts  # noqa: E402
+from bessemer.targets.cuda.cubin import check_kernel, read_cubin, sass_opcodes, tensor_core_counts  # noqa: E402
 
 TENSOR_CORE_KERNELS = {"gemm_kernel", "attention_prefill_kernel", "attention_decode_kernel"}
 
@@ -59,8 +59,9 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
     """Quantized cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head,
     fp8 with dynamic activation scales): every quantized GEMM cubin passes the
     checks and spills nothing; weight-only ones dequantize in registers into bf16
-    tensor-core dots (HMMA in the 16-row tiles, HGMMA from 64 rows), fp8 ones run E4M3 x E4M3
-    on Hopper's FP8 tensor cores (QGMMA) from 64 rows (16-row tiles: HMMA on the codes
+    tensor-core dots (HMMA in the 16-row tiles, HGMMA from 64 rows; decode tiles split K
+    where the output has few tiles, with an atomic counter per tile), fp8 ones run E4M3 x
+    E4M3 on Hopper's FP8 tensor cores (QGMMA) from 64 rows (16-row tiles: HMMA on the codes
     widened to fp16, exact)."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
@@ -77,6 +78,7 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
         blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
                  for t in header["tensors"] if t["name"].startswith("cubin/")}
         gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel", "gemm_fp8_kernel")]
+        split_k_seen = False
         main = {"w4a16": "gemm_w4_kernel", "w8a16": "gemm_w8_kernel", "fp8": "gemm_fp8_kernel"}[quant.mode]
         assert {k["function"] for k in gemms} == {main, "gemm_w8_kernel"}  # + the int8 lm_head
         assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
@@ -88,6 +90,12 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
             big = k["constexprs"]["BLOCK_M"] >= 64
             want = ("QGMMA" if k["function"] == "gemm_fp8_kernel" else "HGMMA") if big else "HMMA"
             assert want in ops, (k["function"], k["constexprs"]["BLOCK_M"], ops)
+            if k["constexprs"].get("SPLIT_K", 1) > 1:  # the tile's counter: a gpu-scope atomic after a fence
+                split_k_seen = True
+                sass = sass_opcodes(cubin)
+                assert sass["ATOMG"] and sass["MEMBAR"], dict(sass)
+        if quant.mode == "w4a16":  # the decode tiles of its K = 128 down_proj (4 groups of 32) split K
+            assert split_k_seen
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

@@ -42,9 +42,14 @@ def _bf16(a):
     return torch.from_numpy(np.asarray(a, np.float32)).bfloat16()
 
 
+def _split_k_workspace(tiles: int, split: int, bm: int, bn: int):
+    """(partials, counters) for a split-K launch: counters zero, as the executor leaves them."""
+    return torch.full((tiles * split * bm * bn,), float("nan")), torch.zeros(tiles, dtype=torch.int32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,tile", [(3, (16, 32, 64)), (40, (32, 64, 64))])
-def test_gemm_w8(dtype, m, tile):
+@pytest.mark.parametrize("m,tile,split", [(3, (16, 32, 64), 1), (40, (32, 64, 64), 1), (3, (16, 32, 64), 3)])
+def test_gemm_w8(dtype, m, tile, split):
     rng = np.random.default_rng(0)
     n, k = 72, 192
     x = device_tensor(rng.normal(size=(m, k)), dtype)
@@ -52,18 +57,20 @@ def test_gemm_w8(dtype, m, tile):
     bias = rng.normal(size=n).astype(np.float32)
     y = torch.zeros(m, n, dtype=x.dtype)
     bm, bn, bk = tile
-    grid = (-(-m // bm) * -(-n // bn),)
-    gemm_quant.gemm_w8_kernel[grid](x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), y, m,
-                                    N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn,
-                                    BLOCK_K=bk, GROUP_M=8)
+    tiles = -(-m // bm) * -(-n // bn)
+    partials, counters = _split_k_workspace(tiles, split, bm, bn)
+    gemm_quant.gemm_w8_kernel[(tiles, split)](
+        x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), y, partials, counters, m,
+        N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split)
     ref = host(x) @ prim.dequantize_int8_per_channel(codes, scales).astype(np.float64).T + bias
-    assert_rounded_close(host(y), ref, dtype, "gemm_w8")
+    assert_rounded_close(host(y), ref, dtype, f"gemm_w8 split {split}")
+    assert not counters.any()  # reset by each tile's last program, ready for the next linear
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_point", [False, True])
-@pytest.mark.parametrize("group", [32, 64])
-def test_gemm_w4(dtype, zero_point, group):
+@pytest.mark.parametrize("group,split", [(32, 1), (64, 1), (32, 4), (64, 2)])
+def test_gemm_w4(dtype, zero_point, group, split):
     from bessemer.quantization.scale_search import int4_grid
 
     rng = np.random.default_rng(1)
@@ -75,11 +82,15 @@ def test_gemm_w4(dtype, zero_point, group):
     y = torch.zeros(m, n, dtype=x.dtype)
     offsets = _bf16(offset) if zero_point else torch.empty(0, dtype=torch.bfloat16)
     block_k = min(64, group)
-    gemm_quant.gemm_w4_kernel[(-(-n // 32),)](
-        x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), y, m, N=n, K=k, GROUP=group, X_STRIDE=k + 8,
-        Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, GROUP_M=8)
+    tiles = -(-n // 32)
+    partials, counters = _split_k_workspace(tiles, split, 16, 32)
+    gemm_quant.gemm_w4_kernel[(tiles, split)](
+        x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), y, partials, counters, m, N=n, K=k, GROUP=group,
+        X_STRIDE=k + 8, Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k,
+        GROUP_M=8, SPLIT_K=split)
     ref = host(x) @ prim.dequantize_int4(codes, scale, offset, group).astype(np.float64).T
-    assert_rounded_close(host(y), ref, dtype, "gemm_w4")
+    assert_rounded_close(host(y), ref, dtype, f"gemm_w4 split {split}")
+    assert not counters.any()
 
 
 def test_embedding_w8_reads_the_int8_table():

@@ -31,6 +31,10 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # BLOCK_K, num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on
 # the tiles are wgmma-sized (64 / 128 rows a warpgroup).
 GEMM_CONFIGS = ((16, 16, 64, 128, 4, 4), (64, 64, 64, 64, 4, 4), (None, 128, 128, 64, 8, 3))
+# split-K for the weight-only GEMMs' decode tiles: enough programs for two per SM of an
+# H100/H200 (132 SMs), so that every SM streams weights while few output tiles exist
+SPLIT_K_PROGRAMS = 264
+SPLIT_K_MAX_ROWS = 16  # the decode bucket
 ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
 DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_seq_len, <= 16
 SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
@@ -63,6 +67,7 @@ class _Lowering:
         self.buffers = [{"id": b.id, "rows": b.rows, "width": b.width,
                          "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
         self.tensors: dict[str, list[TensorSpec]] = {}  # weight -> its tensors (a quantized one: codes, parts)
+        self.split_k = {"partials": 0, "counters": 0}  # the split-K workspace's elements (max over linears)
         self.kv_dtype = kv_dtype
         self.kv_codes = KV_CODES[kv_dtype] if kv_dtype in KV_CODES else 0
 
@@ -237,6 +242,15 @@ def _linear_kernel(lw: _Lowering, w) -> tuple[str, str, list, dict, tuple[int, i
         (64 if w.quant.zero_point else 128, min(64, w.quant.group_size))
 
 
+def split_k(max_rows: int | None, tiles: int, k: int, block_k: int) -> int:
+    """Parts of K for one GEMM instantiation: 1 outside the decode bucket; else the largest
+    divisor of K's block count that keeps tiles x parts within SPLIT_K_PROGRAMS."""
+    if max_rows is None or max_rows > SPLIT_K_MAX_ROWS or k % block_k:
+        return 1
+    blocks, want = k // block_k, max(1, SPLIT_K_PROGRAMS // tiles)
+    return max(s for s in range(1, min(want, blocks) + 1) if blocks % s == 0)
+
+
 def _lower_linear(lw: _Lowering, n) -> list:
     (x,), (y,) = n.inputs, n.outputs
     w = n.weights[0]
@@ -246,14 +260,26 @@ def _lower_linear(lw: _Lowering, n) -> list:
     family, function, weights, extra, (max_bn, max_bk) = _linear_kernel(lw, w)
     params = [lw.value_param("x_ptr", x), *weights,
               ("bias_ptr", "*fp32", lw.weight(bias, "float32") if bias else {"null": True}, bias is not None),
-              lw.value_param("y_ptr", y), ("M", "i32", {"count": count}, False)]
+              lw.value_param("y_ptr", y)]
     cases = []
     for max_rows, bm, bn, bk, warps, stages in GEMM_CONFIGS:
-        bn = min(bn, max_bn)
-        grid = ((count, bm, cdiv(big_n, bn)), 1, 1)
-        cases.append((max_rows, lw.launch(n, family, function, grid, params, dict(
+        bn, bk = min(bn, max_bn), min(bk, max_bk)
+        tiles = cdiv(max_rows or 1, bm) * cdiv(big_n, bn)
+        parts = split_k(max_rows, tiles, big_k, bk) if family == "gemm_quant" else 1
+        workspace = []
+        if family == "gemm_quant":  # their kernels take the split-K workspace (unread with one part)
+            lw.split_k["partials"] = max(lw.split_k["partials"], tiles * parts * bm * bn if parts > 1 else 0)
+            lw.split_k["counters"] = max(lw.split_k["counters"], tiles if parts > 1 else 0)
+            workspace = [("partials_ptr", "*fp32", {"workspace": "split_k_partials"} if parts > 1 else {"null": True},
+                          parts > 1),
+                         ("counters_ptr", "*i32", {"workspace": "split_k_counters"} if parts > 1 else {"null": True},
+                          parts > 1)]
+        split = dict(SPLIT_K=parts) if family == "gemm_quant" else {}
+        grid = ((count, bm, cdiv(big_n, bn)), parts, 1)
+        cases.append((max_rows, lw.launch(n, family, function, grid, params + workspace + [
+            ("M", "i32", {"count": count}, False)], dict(
             N=big_n, K=big_k, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), HAS_BIAS=bias is not None,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, max_bk), GROUP_M=8, **extra), warps, stages)))
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **extra, **split), warps, stages)))
     return [RowSwitch(n.name, n.op, count, tuple(cases))]
 
 
@@ -397,6 +423,9 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
     workspace = ({"name": "attn_partials", "dtype": "float32",
                   "elems": build.max_batch_size * kv_heads * shape["splits"] * shape["group"] * (d + 2)},)
+    if lw.split_k["counters"]:
+        workspace += ({"name": "split_k_partials", "dtype": "float32", "elems": lw.split_k["partials"]},
+                      {"name": "split_k_counters", "dtype": "int32", "elems": lw.split_k["counters"]})
     plan = CudaPlan(
         act_dtype=lw.act,
         limits={"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size,

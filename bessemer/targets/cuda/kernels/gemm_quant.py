@@ -14,6 +14,14 @@ tensor-core dots with fp32 accumulation. The codes are the target-neutral format
   planes each take one dot.
 
 Tiles per bucket of M as the dense GEMM (lowering: GEMM_CONFIGS), K blocks of at most 64.
+
+Split-K (decode): with a few rows there are too few output tiles to keep every SM streaming
+weights, so the K range is cut into SPLIT_K parts (grid axis 1), each program streams its
+part of the codes once and stores its fp32 partial tile; the last program of a tile to
+arrive (a counter per tile) sums the SPLIT_K partials in split order and writes y. The sum's
+order is fixed, so results do not depend on which program finishes first (CUDA-graph replays
+and eager steps stay bit-equal). The counters (int32, zero at load) are reset by that last
+program, ready for the next linear that uses them.
 """
 
 import triton
@@ -23,37 +31,77 @@ from bessemer.targets.cuda.kernels.gemm import output_tile
 
 
 @triton.jit
-def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, M,
+def _split_range(K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_start, k_stop) of this program's part of K (grid axis 1); SPLIT_K divides K."""
+    part: tl.constexpr = K // SPLIT_K
+    split = tl.program_id(1)
+    return split * part, split * part + part
+
+
+@triton.jit
+def _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT_K: tl.constexpr):
+    """SPLIT_K == 1: (acc, true). Else stores this split's partial tile and returns (the sum
+    of every split's partial in split order, true) in the tile's last program to arrive,
+    (zeros, false) in the others. partials: fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N];
+    counters: int32 [tiles]."""
+    if SPLIT_K == 1:
+        total = acc
+        last = tl.program_id(1) == 0  # always: the one split
+    else:
+        tile = tl.program_id(0).to(tl.int64)
+        cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        mine = partials_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tl.store(mine + tl.program_id(1) * (BLOCK_M * BLOCK_N) + cells, acc)
+        tl.debug_barrier()  # every thread's part of the tile is stored before the counter moves
+        arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel")
+        last = arrived == SPLIT_K - 1
+        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if last:
+            for j in range(SPLIT_K):  # the same order whichever program arrives last
+                total += tl.load(mine + j * (BLOCK_M * BLOCK_N) + cells, cache_modifier=".cg")
+            tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed")
+    return total, last
+
+
+@triton.jit
+def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, counters_ptr, M,
                    N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
     """x: (M, K) activations; codes int8 [N, K]; scales fp32 [N]; y = (x @ codes^T) * scales
-    (+ bias). Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    (+ bias); partials / counters: the split-K workspace (read when SPLIT_K > 1).
+    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
     rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rk = tl.arange(0, BLOCK_K)
     m_ok, n_ok = rm < M, rn < N
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
     w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_stop = _split_range(K, SPLIT_K)
+    for k0 in range(k_start, k_stop, BLOCK_K):
         k = k0 + rk
         a = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
         b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0)
         acc = tl.dot(a, b.to(tl.float32).to(a.dtype), acc)  # |code| <= 127: exact in bf16 and fp16
-    acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    if done:
+        acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, M,
+def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, partials_ptr, counters_ptr, M,
                    N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr, X_STRIDE: tl.constexpr,
                    Y_STRIDE: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
     """x: (M, K) activations; codes [N, K / 2] bytes; scales (offsets unless SYMMETRIC) bf16
-    [N, K / GROUP]; BLOCK_K divides GROUP. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),)."""
+    [N, K / GROUP]; BLOCK_K divides GROUP; partials / counters: the split-K workspace.
+    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = K // GROUP
     rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -63,7 +111,8 @@ def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, M
     w_cols = codes_ptr + rn.to(tl.int64)[None, :] * (K // 2)
     p_cols = rn.to(tl.int64) * GROUPS
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_stop = _split_range(K, SPLIT_K)
+    for k0 in range(k_start, k_stop, BLOCK_K):
         k_even = k0 + 2 * j
         x_mask = m_ok[:, None] & (k_even[None, :] < K)
         x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)
@@ -83,10 +132,12 @@ def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, M
             o = tl.load(offsets_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
             x_sum = tl.sum(x_even.to(tl.float32), axis=1) + tl.sum(x_odd.to(tl.float32), axis=1)
             acc += x_sum[:, None] * o[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    if done:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
