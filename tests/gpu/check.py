@@ -40,14 +40,30 @@ sys.path.insert(0, str(HERE))
 import gpu_measure as gm  # noqa: E402
 import gpu_models as models  # noqa: E402
 import rehearsal  # noqa: E402
-from report import summary_table  # noqa: E402
+from report import quant_summary_table, summary_table  # noqa: E402
 
-ENGINES = {  # build options per model (the 8B one serves 128 concurrent requests)
+ENGINES = {  # build options per engine (the 8B ones serve 128 concurrent requests); a name is
+    # its checkpoint's shape, then what differs: "8b-w4a16" is the 8B checkpoint quantized
     "135m": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
     "1b": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
     "8b": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048),
+    # --suite quant (issue 22): random weights are fine for speed (accuracy is measured on the
+    # cpu target with the same codes), so no calibration: RTN int4 and nearest-rounded fp8
+    "8b-w4a16": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                     quant=dict(mode="w4a16", group_size=128)),
+    "8b-fp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                   quant=dict(mode="fp8", fp8_rounding="nearest")),
+    "8b-fp8-kvfp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                         quant=dict(mode="fp8", fp8_rounding="nearest"), kv_cache_dtype="fp8"),
 }
 KV_CACHE_GIB = {"135m": 4.0, "1b": 8.0, "8b": 24.0}  # leaves room for the HF models in the same process
+REHEARSAL_KV_GIB = 0.05
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)  # --suite quant: where int4's decode advantage over bf16 ends
+SUITES = ("bf16", "quant")
+
+
+def shape_of(engine: str) -> str:
+    return engine.split("-")[0]
 # teacher-forced prompts (count, tokens) and greedy tokens per comparison; the rehearsal's
 # interpreter runs ~0.5 s per step, hence its smaller sizes
 SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), prefix=(160, 96)),
@@ -172,7 +188,7 @@ class Check:
         `interpreted` its launch list computed by the Triton interpreter (rehearsal.py)."""
         from bessemer.runtime.llm import LLM
 
-        kv = 0.05 if self.rehearse else KV_CACHE_GIB[name]
+        kv = REHEARSAL_KV_GIB if self.rehearse else KV_CACHE_GIB[shape_of(name)]
         llm = LLM(self.work / f"engine-{name}", kv_cache_gib=kv, say=self.say, **options)
         if self.rehearse:
             (rehearsal.interpreted if interpreted else rehearsal.fake_computes_nothing)(llm)
@@ -255,12 +271,18 @@ class Check:
         from bessemer.builder.build import build_engine
         from bessemer.builder.config import BuildConfig
 
+        from bessemer.quantization.config import QuantConfig
+
         shutil.rmtree(self.work / f"engine-{name}", ignore_errors=True)  # a previous run's
         options = dict(ENGINES[name], **({"max_seq_len": 1024, "max_num_tokens": 512} if self.rehearse else {}))
-        engine = build_engine(self.work / f"hf-{name}", self.work / f"engine-{name}",
-                              BuildConfig(target="cuda", dtype="bfloat16", **options), progress=self.say)
+        quant = options.pop("quant", None)
+        config = BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig(**quant) if quant else None, **options)
+        engine = build_engine(self.work / f"hf-{shape_of(name)}", self.work / f"engine-{name}", config,
+                              progress=self.say)
         report = json.loads((engine / "build_report.json").read_text())
-        return {"options": options, "engine_gib": round(sum(f.stat().st_size for f in engine.iterdir()) / 2**30, 2),
+        return {"options": dict(options, **({"quant": quant} if quant else {})),
+                "engine_gib": round(sum(f.stat().st_size for f in engine.iterdir()) / 2**30, 2),
+                "bits_per_weight": report.get("bits_per_weight"),
                 "kernels": {k: report["kernels"][k] for k in ("distinct", "compiled", "from_cache", "seconds")}}
 
     def correctness(self, name: str) -> dict:
@@ -305,9 +327,10 @@ class Check:
 
     def decode(self, name: str) -> dict:
         llm = self.serving(name)
-        out = gm.decode_speed(llm, self.shapes[name]["vocab_size"])
+        shape = self.shapes[shape_of(name)]
+        out = gm.decode_speed(llm, shape["vocab_size"])
         header = llm.engine.header
-        per_token = gm.weight_bytes_per_token(header, self.shapes[name]["hidden_size"], context=128 + 128)
+        per_token = gm.weight_bytes_per_token(header, shape["hidden_size"], context=128 + 128)
         out.update(bytes_per_token=per_token["total"], weight_bytes_per_token=per_token["weights"],
                    hbm_fraction=per_token["total"] * out["generate_tok_s"] / gm.PEAK_HBM_BYTES_S,
                    hbm_fraction_executor=per_token["total"] / (out["executor_step_ms"] / 1e3) / gm.PEAK_HBM_BYTES_S,
@@ -320,7 +343,7 @@ class Check:
 
         llm = self.serving(name)
         tokens = min(tokens, llm.max_num_tokens)
-        out = gm.prefill_speed(llm, self.shapes[name]["vocab_size"], tokens)
+        out = gm.prefill_speed(llm, self.shapes[shape_of(name)]["vocab_size"], tokens)
         shapes = gm.linear_shapes(llm.engine.header)
         rows = {"tokens": tokens, "selected": 1}
         flops = sum(2 * rows[r] * n * k for n, k, r in shapes)
@@ -343,9 +366,31 @@ class Check:
                    torch_matmul_tflop_s=flops / torch_s / 1e12, ratio_to_torch_matmul=torch_s / out["step_s"])
         return out
 
-    def throughput(self, name: str) -> dict:
+    def throughput(self, name: str, prompt_len: int = 128) -> dict:
         requests, new = (128, 512) if not self.rehearse else (128, 64)
-        return gm.throughput(self.serving(name), self.shapes[name]["vocab_size"], requests, 128, new)
+        prompt_len = prompt_len if not self.rehearse else min(prompt_len, 128)  # its engines hold 1024 positions
+        llm = self.serving(name)
+        out = gm.throughput(llm, self.shapes[shape_of(name)]["vocab_size"], requests, prompt_len, new)
+        from bessemer.format.kv import section_bytes_per_token
+
+        gib = KV_CACHE_GIB[shape_of(name)] if not self.rehearse else REHEARSAL_KV_GIB
+        # the pool is capped at what max_batch_size full-length sequences can use; the budget's
+        # own capacity is what a one-byte cache doubles
+        per_token = section_bytes_per_token(llm.engine.header["plan"]["kv_cache"])
+        out.update(prompt_len=prompt_len, kv_cache_tokens=llm.executor.num_kv_blocks * llm.block_size,
+                   kv_cache_gib=gib, kv_bytes_per_token=per_token, kv_capacity_tokens=int(gib * 2**30 // per_token))
+        return out
+
+    def decode_batches(self, names: tuple) -> dict:
+        """Decode steps of B sequences (the executor's step alone, graphs on) per engine and
+        B in DECODE_BATCHES: tok/s, and each engine's ratio to the first (bf16)."""
+        rows = {}
+        for name in names:
+            llm = self.serving(name)
+            rows[name] = {b: gm.decode_step_tok_s(llm, b, context=256) for b in DECODE_BATCHES}
+            self.release(name)
+        base = names[0]
+        return {"tok_s": rows, "ratio": {n: {b: rows[n][b] / rows[base][b] for b in DECODE_BATCHES} for n in names[1:]}}
 
     def hf_baseline(self, name: str, compiled: bool) -> dict:
         model = self.hf[name]
@@ -357,6 +402,32 @@ class Check:
         out.update(shape=name, engine_decode_tok_s=engine,
                    engine_speedup=engine / out["decode_tok_s"] if engine else None)
         return out
+
+    def run_quant(self) -> int:
+        """--suite quant (issue 22): the 8B shape as int4 (g128), fp8 and fp8 with an fp8 KV
+        cache, against the bf16 engine of the same checkpoint in the same run."""
+        s = self.stage
+        s("environment", self.environment, 5)
+        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",))
+        for name, build_s in (("8b-w4a16", 60), ("8b-fp8", 60)):
+            s(f"build-{name}", lambda n=name: self.build(n), build_s, needs=("checkpoint-8b",))
+        s("decode-8b-w4a16", lambda: self.decode("8b-w4a16"), 30, needs=("build-8b-w4a16",))
+        s("decode-8b-fp8", lambda: self.decode("8b-fp8"), 30, needs=("build-8b-fp8",))
+        s("prefill-8b-fp8", lambda: self.prefill("8b-fp8", 2048), 25, needs=("build-8b-fp8",))
+        s("throughput-8b-fp8", lambda: self.throughput("8b-fp8", prompt_len=1024), 60, needs=("build-8b-fp8",))
+        self.release("8b-fp8")
+        s("build-8b-fp8-kvfp8", lambda: self.build("8b-fp8-kvfp8"), 60, needs=("checkpoint-8b",))
+        s("throughput-8b-fp8-kvfp8", lambda: self.throughput("8b-fp8-kvfp8", prompt_len=1024), 60,
+          needs=("build-8b-fp8-kvfp8",))
+        self.release("8b-fp8-kvfp8")
+        s("build-8b", lambda: self.build("8b"), 60, needs=("checkpoint-8b",))
+        s("decode-batches-8b", lambda: self.decode_batches(("8b", "8b-w4a16")), 40,
+          needs=("build-8b", "build-8b-w4a16"))
+        self.results["summary"] = quant_summary_table(self.results)
+        self.save()
+        print(self.results["summary"])
+        self.log.write(self.results["summary"] + "\n")
+        return 1 if self.failed else 0
 
     def run(self) -> int:
         s = self.stage
@@ -396,6 +467,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True, help="checkpoints and engines (~35 GiB for the real shapes)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="time for every stage together")
     ap.add_argument("--rehearse", action="store_true", help="CPU, tiny shapes, fake driver")
+    ap.add_argument("--suite", choices=SUITES, default="bf16",
+                    help="bf16: the bf16 engines (correctness, speed, HF baselines); quant: int4 / fp8 / fp8-KV "
+                         "engines of the 8B shape against its bf16 engine")
     ap.add_argument("--stage-limit", action="append", default=[], metavar="NAME=S",
                     help="a stage's (or family's) time limit in seconds, e.g. hf-compiled=90")
     args = ap.parse_args()
@@ -408,7 +482,9 @@ def main() -> int:
             ap.error(f"--stage-limit {item!r}: give NAME=SECONDS, e.g. hf-compiled=90")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    return Check(args.out, args.work, args.budget_s, args.rehearse, limits).run()
+    check = Check(args.out, args.work, args.budget_s, args.rehearse, limits)
+    check.results["suite"] = args.suite
+    return check.run_quant() if args.suite == "quant" else check.run()
 
 
 if __name__ == "__main__":

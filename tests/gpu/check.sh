@@ -11,6 +11,7 @@
 #   OUT=/some/dir tests/gpu/check.sh              # on the GPU machine (no network needed)
 #   OUT=/some/dir tests/gpu/check.sh --rehearse   # on CPU: tiny shapes, the fake driver
 #   OUT=/some/dir tests/gpu/check.sh --stage-limit hf-compiled=90   # a stage's limit (check.py)
+#   OUT=/some/dir tests/gpu/check.sh --suite quant   # int4 / fp8 / fp8-KV engines of the 8B shape
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -41,6 +42,8 @@ if [[ -z $REHEARSE ]]; then
   nvidia-smi -L || die "nvidia-smi failed: no NVIDIA driver or GPU here"
   python -c "import torch; assert torch.cuda.is_available()" || die "torch sees no GPU"
   need=${CHECK_DISK_GIB:-38}  # 8B checkpoint + engine 2 x 15 GiB, 1B 2 x 2.3, 135M 2 x 0.25
+  # --suite quant: the 8B checkpoint and its bf16, int4, fp8 and fp8 + fp8-KV engines
+  [[ " $* " == *" quant "* || " $* " == *"--suite=quant"* ]] && need=${CHECK_DISK_GIB:-55}
 else
   if [[ -z ${BESSEMER_LIBCUDA:-} ]]; then  # the fake driver stands in for the GPU
     g++ -std=c++17 -O1 -shared -fPIC -Ibessemer/targets/cuda/csrc tests/cuda_executor/fake_libcuda.cpp \

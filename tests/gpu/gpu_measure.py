@@ -177,15 +177,36 @@ def decode_speed(llm: LLM, vocab: int, prompt_len: int = 128, new_tokens: int = 
             "new_tokens": len(out.token_ids)}
 
 
+def decode_step_tok_s(llm: LLM, batch: int, context: int, steps: int = 50) -> float:
+    """Tokens/s of decode steps of `batch` sequences at `context` positions each (the
+    executor's sampled step alone: graph replay when one holds the batch, input upload,
+    token readback), on KV blocks of the pool (their contents do not change the time)."""
+    ex = llm.executor
+    tables = _tables([context] * batch, llm.block_size, first_block=0)
+    args = (np.ones(batch, np.int32), np.full(batch, context - 1, np.int32), np.arange(batch + 1, dtype=np.int32),
+            np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int32))
+    sampling = ([0.0] * batch, [0] * batch, [1.0] * batch, [0.0] * batch)
+    for _ in range(5):
+        ex.sample(*args, *sampling)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        ex.sample(*args, *sampling)
+        times.append(time.perf_counter() - t)
+    return batch / statistics.median(times)
+
+
 def weight_bytes_per_token(header: dict, hidden: int, context: int) -> dict:
     """Bytes a decode step reads: every weight but the embedding table (one row of it), and
     the KV cache of `context` positions."""
+    from bessemer.format.kv import section_bytes_per_token
+
     kv = header["plan"]["kv_cache"]
     weights = sum(t["nbytes"] for t in header["tensors"] if not t["name"].startswith("cubin/"))
     embed = next(t for t in header["tensors"] if t["name"].endswith("embed_tokens.weight"))
     tied = not any(t["name"].startswith("lm_head") for t in header["tensors"])
     read = weights - (0 if tied else embed["nbytes"]) + (0 if tied else 2 * hidden)
-    kv_bytes = 2 * kv["num_layers"] * kv["num_kv_heads"] * kv["head_dim"] * 2 * context
+    kv_bytes = section_bytes_per_token(kv) * context  # codes and their scales for a one-byte cache
     return {"weights": read, "kv": kv_bytes, "total": read + kv_bytes}
 
 

@@ -36,6 +36,12 @@ NOT_MEASURABLE = {
     "graph_vs_eager": "graph == eager logits bit for bit: the fake driver computes nothing; "
                       "on CPU the replayed launches are compared with the eager ones instead",
     "cuda_logits": "the cubins' own numbers (the interpreter runs the kernels' Triton source, not the SASS)",
+    # --suite quant
+    "decode-8b-w4a16": "8B int4 batch-1 decode tok/s and % of HBM bandwidth: needs the H200",
+    "decode-8b-fp8": "8B fp8 batch-1 decode tok/s and % of HBM bandwidth: needs the H200",
+    "prefill-8b-fp8": "fp8 prefill GEMM rate vs bf16 torch.matmul: needs FP8 tensor cores",
+    "decode-batches-8b": "int4 vs bf16 decode tok/s at batch 1-32: needs a GPU",
+    "throughput-8b-fp8-kvfp8": "fp8-KV vs bf16-KV throughput at 128 requests: needs a GPU",
 }
 
 

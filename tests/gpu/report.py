@@ -39,21 +39,48 @@ def _cpu_status(results: dict, path: str) -> str | None:
             return "no GPU (launches compared)"
         node = results["stages"].get(stage, {})
         return None if node.get("computed_by", "").startswith("triton") else "fake driver"
+    if rest == "kv_capacity_tokens":  # the budget over the engine's bytes per token: no GPU needed
+        return None
     return "no GPU"
+
+
+class _Rows:
+    """The table's rows: (metric, value, target, status), statuses marked for a rehearsal."""
+
+    def __init__(self, results: dict):
+        self.results, self.rows = results, []
+
+    def add(self, metric: str, value: str, target: str, status: str, path: str) -> None:
+        cpu = _cpu_status(self.results, path)
+        if cpu and status != "n/a":
+            status = f"{cpu}: {status}" if cpu.endswith("compared)") else cpu
+        self.rows.append((metric, value, target, status))
+
+    def row(self, metric: str, value, spec: str, target: str, ok, path: str) -> None:
+        self.add(metric, _fmt(value, spec), target, _status(value, ok), path)
+
+    def render(self, title: str) -> str:
+        """The rows, one per stage that did not complete, the title and the stage times."""
+        results, rows = self.results, list(self.rows)
+        for stage, node in results["stages"].items():
+            for key, word in (("error", "FAILED"), ("cut", "CUT"), ("skipped", "skipped")):
+                if key in node:
+                    rows.append((f"stage {stage}", word, "", node[key][:70]))
+        width = [max(len(str(r[i])) for r in rows + [("metric", "value", "target", "status")]) for i in range(4)]
+        lines = ["  ".join(str(c).ljust(w) for c, w in zip(("metric", "value", "target", "status"), width))]
+        lines.append("  ".join("-" * w for w in width))
+        lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, width)) for r in rows]
+        if results.get("rehearsal"):
+            title += " REHEARSAL on CPU (tiny shapes; 'no GPU' and 'fake driver' figures mean nothing)"
+        times = ", ".join(f"{stage} {node['seconds']:.0f}" for stage, node in results["stages"].items()
+                          if "seconds" in node)
+        return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines) + f"\nstage seconds: {times}"
 
 
 def summary_table(results: dict) -> str:
     g = lambda path: _get(results, path)  # noqa: E731
-    rows = []
-
-    def add(metric: str, value: str, target: str, status: str, path: str) -> None:
-        cpu = _cpu_status(results, path)
-        if cpu and status != "n/a":
-            status = f"{cpu}: {status}" if cpu.endswith("compared)") else cpu
-        rows.append((metric, value, target, status))
-
-    def row(metric: str, value, spec: str, target: str, ok, path: str) -> None:
-        add(metric, _fmt(value, spec), target, _status(value, ok), path)
+    table = _Rows(results)
+    add, row = table.add, table.row
 
     for name in ("135m", "1b"):
         path = f"correctness-{name}.logits.ratio"
@@ -72,7 +99,7 @@ def summary_table(results: dict) -> str:
         add(f"{name}: graph == eager decode", value or "n/a", "bit for bit", _status(value, node and node["pass"]), path)
     path = "correctness-135m.no_torch_at_run_time"
     node = g(path)
-    rows.append(("no torch/Triton at run time", "n/a" if node is None else node["output"], "4 []",
+    table.rows.append(("no torch/Triton at run time", "n/a" if node is None else node["output"], "4 []",
                  _status(node, node and node["pass"])))
     path = "decode-8b.generate_tok_s"
     tok_s = g(path)
@@ -106,20 +133,56 @@ def summary_table(results: dict) -> str:
         speedup = g(f"{stage}.engine_speedup")
         if speedup is not None or stage != "hf-compiled-1b":
             row(label + " (x)", speedup, ".2f", "> 1", speedup is not None and speedup > 1, f"{stage}.engine_speedup")
-    for stage, node in results["stages"].items():
-        for key, word in (("error", "FAILED"), ("cut", "CUT"), ("skipped", "skipped")):
-            if key in node:
-                rows.append((f"stage {stage}", word, "", node[key][:70]))
-    width = [max(len(str(r[i])) for r in rows + [("metric", "value", "target", "status")]) for i in range(4)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(("metric", "value", "target", "status"), width))]
-    lines.append("  ".join("-" * w for w in width))
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, width)) for r in rows]
-    title = ("GPU check REHEARSAL on CPU (tiny shapes; 'no GPU' and 'fake driver' figures mean nothing)"
-             if results.get("rehearsal") else "GPU check")
-    times = ", ".join(f"{stage} {node['seconds']:.0f}" for stage, node in results["stages"].items() if "seconds" in node)
-    return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines) + f"\nstage seconds: {times}"
+    return table.render("GPU check")
+
+
+# issue 22's targets on the H200 (8B shape): % of HBM bandwidth on the bytes read per token
+INT4_HBM_FRACTION, FP8_HBM_FRACTION, FP8_PREFILL_VS_BF16, INT4_VS_BF16_DECODE = 0.60, 0.70, 1.6, 2.5
+
+
+def quant_summary_table(results: dict) -> str:
+    """--suite quant: the quantized engines' figures against issue 22's targets."""
+    g = lambda path: _get(results, path)  # noqa: E731
+    table = _Rows(results)
+    for name, label, frac_target, tok_target in (("8b-w4a16", "int4 g128", INT4_HBM_FRACTION, 640),
+                                                 ("8b-fp8", "fp8", FP8_HBM_FRACTION, 420)):
+        tok_s = g(f"decode-{name}.generate_tok_s")
+        table.row(f"8B {label} batch-1 decode tok/s", tok_s, ".1f", f">= {tok_target}",
+                  tok_s is not None and tok_s >= tok_target, f"decode-{name}.generate_tok_s")
+        per_token = g(f"decode-{name}.bytes_per_token")
+        table.add(f"8B {label} bytes per token", "n/a" if per_token is None else f"{per_token / 1e9:.2f} GB", "",
+                  "n/a" if per_token is None else "ok", f"decode-{name}.bytes_per_token")
+        frac = g(f"decode-{name}.hbm_fraction")
+        table.row(f"8B {label} % of 4.8 TB/s", None if frac is None else 100 * frac, ".1f",
+                  f">= {100 * frac_target:.0f}", frac is not None and frac >= frac_target, f"decode-{name}.hbm_fraction")
+    ratio = g("prefill-8b-fp8.ratio_to_torch_matmul")
+    table.row("8B fp8 2048-token prefill GEMMs / bf16 torch.matmul (x)", ratio, ".2f", f">= {FP8_PREFILL_VS_BF16}",
+              ratio is not None and ratio >= FP8_PREFILL_VS_BF16, "prefill-8b-fp8.ratio_to_torch_matmul")
+    ratios = g("decode-batches-8b.ratio.8b-w4a16") or {}
+    ends = None
+    for batch, r in sorted(ratios.items(), key=lambda kv: int(kv[0])):
+        table.row(f"8B int4 / bf16 decode, batch {batch} (x)", r, ".2f",
+                  f">= {INT4_VS_BF16_DECODE}" if int(batch) <= 8 else "report",
+                  r >= INT4_VS_BF16_DECODE or int(batch) > 8, f"decode-batches-8b.ratio.8b-w4a16.{batch}")
+        if ends is None and r < INT4_VS_BF16_DECODE:
+            ends = int(batch)
+    if ratios:
+        table.add(f"8B int4 >= {INT4_VS_BF16_DECODE}x bf16 up to batch", "all measured" if ends is None else
+                  f"below from batch {ends}", "", "ok", "decode-batches-8b.ratio")
+    kv8, kv16 = g("throughput-8b-fp8-kvfp8.kv_capacity_tokens"), g("throughput-8b-fp8.kv_capacity_tokens")
+    cap = kv8 / kv16 if kv8 and kv16 else None
+    b8, b16 = g("throughput-8b-fp8-kvfp8.kv_bytes_per_token"), g("throughput-8b-fp8.kv_bytes_per_token")
+    ideal = b16 / b8 if b8 and b16 else None  # 2 D / (D + 4): the codes' byte, plus a 4-byte scale per row
+    table.row("fp8 KV: cache tokens in the same GiB vs bf16 KV (x)", cap, ".2f",
+              "n/a" if ideal is None else f"{ideal:.2f} (2D/(D+4))",
+              cap is not None and ideal is not None and cap >= 0.99 * ideal, "throughput-8b-fp8-kvfp8.kv_capacity_tokens")
+    t8, t16 = g("throughput-8b-fp8-kvfp8.output_tok_s"), g("throughput-8b-fp8.output_tok_s")
+    speed = t8 / t16 if t8 and t16 else None
+    table.row("fp8 KV: 128x(1024->512) output tok/s vs bf16 KV (x)", speed, ".2f", "report", True,
+              "throughput-8b-fp8-kvfp8.output_tok_s")
+    return table.render("GPU check, quantized engines")
 
 
 if __name__ == "__main__":  # the table of a results.json (check.sh, after a run was killed)
     results = json.loads(Path(sys.argv[1]).read_text())
-    print(summary_table(results))
+    print((quant_summary_table if results.get("suite") == "quant" else summary_table)(results))

@@ -73,6 +73,37 @@ def test_rehearsal_runs_every_stage_and_reports_what_a_cpu_cannot_measure(tmp_pa
     assert "MISSED" not in table and "FAILED" not in table
 
 
+QUANT_STAGES = ["environment", "checkpoint-8b", "build-8b-w4a16", "build-8b-fp8", "decode-8b-w4a16", "decode-8b-fp8",
+                "prefill-8b-fp8", "throughput-8b-fp8", "build-8b-fp8-kvfp8", "throughput-8b-fp8-kvfp8", "build-8b",
+                "decode-batches-8b"]
+
+
+def test_quant_suite_rehearsal_runs_every_stage(tmp_path):
+    """check.sh --suite quant (issue 22) on CPU: int4 g128, fp8 and fp8 + fp8-KV engines of the
+    8B shape (tiny here) built and served on the fake driver beside the bf16 one; every speed
+    figure marked "no GPU"; the fp8 KV cache's capacity in the same budget is the allocator's
+    and holds 2D/(D+4) times the bf16 cache's tokens."""
+    out = tmp_path / "out"
+    run = subprocess.run([str(HERE / "check.sh"), "--rehearse", "--suite", "quant"], cwd=tmp_path, capture_output=True,
+                         text=True, env=_env(OUT=str(out), WORK=str(tmp_path / "work")), timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
+    assert results["suite"] == "quant" and list(stages) == QUANT_STAGES
+    assert all("error" not in node and "skipped" not in node and "cut" not in node for node in stages.values()), stages
+    assert stages["build-8b-w4a16"]["options"]["quant"] == {"mode": "w4a16", "group_size": 128}
+    assert stages["build-8b-w4a16"]["bits_per_weight"] and stages["build-8b-fp8"]["bits_per_weight"]
+    assert set(stages["decode-batches-8b"]["ratio"]["8b-w4a16"]) == {"1", "2", "4", "8", "16", "32"}
+    kv8, kv16 = stages["throughput-8b-fp8-kvfp8"], stages["throughput-8b-fp8"]
+    head_dim = 32  # TINY_SHAPES
+    assert kv16["kv_bytes_per_token"] == kv8["kv_bytes_per_token"] * 2 * head_dim / (head_dim + 4)
+    table = results["summary"]
+    for line in table.splitlines():
+        if line.startswith(("8B int4", "8B fp8", "fp8 KV: 128x")):
+            assert line.rstrip().endswith("no GPU"), line
+    assert re.search(r"fp8 KV: cache tokens in the same GiB vs bf16 KV \(x\) +1\.78 +1\.78 \(2D/\(D\+4\)\) +ok", table)
+
+
 @pytest.fixture(scope="module")
 def fake_driver(tmp_path_factory) -> Path:
     lib = tmp_path_factory.mktemp("fake") / "libcuda.so.1"
