@@ -252,3 +252,19 @@ def cuda_engine(tiny_checkpoint, tmp_path_factory, kernel_cache):
         return built[key]
 
     return get
+
+
+def moe_routing_margin(ckpt, ids) -> np.ndarray | None:
+    """Per position, the smallest gap over the layers between the k-th and (k+1)-th router
+    logit of HF fp32 (None for a model that does not report its router logits)."""
+    import torch
+
+    model = _hf_model(str(ckpt), "float32")
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_router_logits=True)
+    if not getattr(out, "router_logits", None):
+        return None
+    k = model.config.num_experts_per_tok
+    gaps = [np.diff(np.sort(r.float().numpy(), axis=-1)[:, -k - 1:-k + 1 or None], axis=-1)[:, 0]
+            for r in out.router_logits]
+    return np.min(np.stack(gaps), axis=0)

@@ -121,3 +121,27 @@ def test_quantized_kv_cache_cubins_pass_the_checks(kind, tmp_path, kernel_cache)
         assert check_kernel(blobs[k["cubin"]], k, "sm_90a") == [], (k["function"], k["constexprs"])
         if k["function"] == "attention_prefill_kernel":
             assert "HGMMA" in k["tensor_core_ops"], k["tensor_core_ops"]
+
+
+@pytest.mark.parametrize("kind", ["gpt-oss", "qwen2-moe"])
+def test_moe_and_attention_sinks_cubins_pass_the_checks(kind, tiny_checkpoint, tmp_path, kernel_cache):
+    """The mixture-of-experts families for --target cuda: every cubin (routing, expert gate/up
+    and down, Qwen2-MoE's shared-expert gate, gpt-oss's attention with sinks and its windowed
+    layers) passes the checks and spills nothing."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    path = build_engine(tiny_checkpoint(kind), tmp_path / "e", BuildConfig(target="cuda", dtype="bfloat16",
+                                                                           max_seq_len=128)) / "rank0.engine"
+    _, _, header, data_offset = read_rank_header(path)
+    data = path.read_bytes()
+    blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
+             for t in header["tensors"] if t["name"].startswith("cubin/")}
+    functions = {k["function"] for k in header["kernels"]}
+    assert {"moe_route_kernel", "moe_gate_up_kernel", "moe_down_kernel"} <= functions
+    if kind == "gpt-oss":
+        assert any(k["constexprs"].get("HAS_SINKS") for k in header["kernels"])
+    else:
+        assert "sigmoid_gate_mul_kernel" in functions
+    for k in header["kernels"]:
+        assert check_kernel(blobs[k["cubin"]], k, "sm_90a") == [], (k["function"], k["constexprs"])

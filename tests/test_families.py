@@ -284,14 +284,18 @@ def test_w8a8_sq_tp2_stays_close_to_hf(kind, calibration_text, tmp_path, monkeyp
 # ---------------------------------------------------------------- a target without a kernel for an op
 
 def test_target_without_a_kernel_is_refused_naming_the_ops(tiny_checkpoint):
-    """check_target refuses a graph with ops the target has no kernel for (every family's
-    ops have cpu kernels now; the cuda target lacks gpt-oss's sinks and experts)."""
+    """check_target refuses a graph with ops the target has no kernel for: every family's
+    ops have cpu and cuda kernels now, but the cuda target has no collectives (a rank of a
+    tensor-parallel graph: all_reduce after the row-split linears)."""
+    from bessemer.builder.config import BuildConfig
+    from bessemer.builder.passes.shard_tensor_parallel import shard_tensor_parallel
     from bessemer.builder.pipeline import check_target
 
     graph, _ = model_graph(tiny_checkpoint("gpt-oss"))
-    with pytest.raises(UnsupportedModelError, match="attention_sinks, .*moe.* which the cuda target has no "
-                                                    "kernel for yet"):
-        check_target(graph, "cuda")
+    check_target(graph, "cuda")  # sinks and experts: kernels now
+    rank = shard_tensor_parallel(graph, BuildConfig(tp_size=2, tp_rank=0))
+    with pytest.raises(UnsupportedModelError, match="all_reduce, which the cuda target has no kernel for yet"):
+        check_target(rank, "cuda")
 
 
 def test_gemma3_multimodal_checkpoint_builds_its_text_model(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bessemer.runtime.llm import LLM, SamplingParams
-from conftest import NEW_FAMILIES, TINY_FAMILIES, _hf_model, hf_logits
+from conftest import NEW_FAMILIES, TINY_FAMILIES, hf_logits, moe_routing_margin
 from tolerances import BF16_ERROR_RATIO, FP32_LOGITS_ATOL, FP32_LOGITS_RTOL, MOE_ROUTING_TIE_MARGIN
 
 PROMPT_LENGTHS = [5, 17, 1, 33]
@@ -41,22 +41,6 @@ def test_prefill_and_decode_logits_match_hf(kind, tiny_checkpoint, tiny_engine):
 MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss")
 
 
-def _routing_margin(ckpt, ids) -> np.ndarray | None:
-    """Per position, the smallest gap over the layers between the k-th and (k+1)-th router
-    logit of HF fp32 (None for a model that does not report its router logits)."""
-    import torch
-
-    model = _hf_model(str(ckpt), "float32")
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), output_router_logits=True)
-    if not getattr(out, "router_logits", None):
-        return None
-    k = model.config.num_experts_per_tok
-    gaps = [np.diff(np.sort(r.float().numpy(), axis=-1)[:, -k - 1:-k + 1 or None], axis=-1)[:, 0]
-            for r in out.router_logits]
-    return np.min(np.stack(gaps), axis=0)
-
-
 @pytest.mark.parametrize("kind", ["llama-untied", "qwen2", *NEW_FAMILIES])
 def test_bf16_engine_error_within_twice_hf_bf16(kind, tiny_checkpoint, tiny_engine):
     """MoE: a position whose top-k routing is a near tie in HF fp32 (a gap below
@@ -72,7 +56,7 @@ def test_bf16_engine_error_within_twice_hf_bf16(kind, tiny_checkpoint, tiny_engi
         ref32 = hf_logits(ckpt, ids)
         ref16 = hf_logits(ckpt, ids, dtype="bfloat16")
         keep = np.ones(len(ids), bool)
-        if kind in MOE_FAMILIES and (margin := _routing_margin(ckpt, ids)) is not None:
+        if kind in MOE_FAMILIES and (margin := moe_routing_margin(ckpt, ids)) is not None:
             keep = margin >= MOE_ROUTING_TIE_MARGIN
         compared, total = compared + keep.sum(), total + len(ids)
         if not keep.any():

@@ -183,27 +183,29 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
     return json.loads((tmp_path / "out.json").read_text())
 
 
-@pytest.mark.parametrize("kv,quant", [(None, None), ("int8", None), (None, "w4a16")])
-def test_every_launch_matches_the_interpreted_launcher(kv, quant, cuda_engine, fake_cuda, tmp_path):
+@pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None), (KIND, None, "w4a16"),
+                                           ("gpt-oss", None, None)])
+def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, fake_cuda, tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
     every launch equal the interpreted launcher's; block = 32 x compiled num_warps, shared
     bytes = the kernel's, Triton's scratch pointers NULL (no kernel asks for scratch).
     kv int8: a one-byte cache whose scales follow each block's codes; the runtime sizes a
     block as format/kv.py counts it, and the scale pointers are the cache regions. w4a16 g32:
-    the decode GEMMs split K over a second grid axis, with the split-K workspace."""
+    the decode GEMMs split K over a second grid axis, with the split-K workspace. gpt-oss: the
+    moe launches (3-D grids, int32 and fp32 workspace arrays) and attention with sinks."""
     if quant:  # widths that are whole numbers of 32-wide groups
         from bessemer.builder.build import build_engine
         from bessemer.builder.config import BuildConfig
         from conftest import make_tiny_checkpoint
 
-        ckpt = make_tiny_checkpoint(KIND, tmp_path / "hf", intermediate_size=128)
+        ckpt = make_tiny_checkpoint(kind, tmp_path / "hf", intermediate_size=128)
         engine = Engine.load(build_engine(ckpt, tmp_path / "e", BuildConfig(
             target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
             quant=QuantConfig(quant, group_size=32))))
         assert {w["name"] for w in engine.header["plan"]["workspace"]} >= {"split_k_partials", "split_k_counters"}
     else:
-        engine = Engine.load(cuda_engine(KIND, **({"kv_cache_dtype": kv} if kv else {})))
+        engine = Engine.load(cuda_engine(kind, **({"kv_cache_dtype": kv} if kv else {})))
     ex, first = _loaded(engine, fake_cuda, kv_cache_gib=0.01)
     kv_section = engine.header["plan"]["kv_cache"]
     assert ex._ex.kv_bytes_per_block == engine.build["kv_block_size"] * section_bytes_per_token(kv_section)

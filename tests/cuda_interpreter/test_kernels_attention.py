@@ -56,13 +56,15 @@ def quantized_cache(values, kind: str, block_size: int):
     return mem.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn), mem.view(torch.float32), dequantized
 
 
-@pytest.mark.parametrize("dtype,kv", [("bfloat16", None), ("float16", None), ("bfloat16", "int8"),
-                                      ("bfloat16", "fp8")])
+@pytest.mark.parametrize("dtype,kv,sinks", [("bfloat16", None, False), ("float16", None, False),
+                                            ("bfloat16", "int8", False), ("bfloat16", "fp8", False),
+                                            ("bfloat16", None, True)])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,window,splits,tiles", CASES)
-def test_prefill_and_decode_attention_match_reference(dtype, kv, heads, kv_heads, head_dim, block_size, window,
-                                                      splits, tiles):
+def test_prefill_and_decode_attention_match_reference(dtype, kv, sinks, heads, kv_heads, head_dim, block_size,
+                                                      window, splits, tiles):
     """kv None: the cache in the activation dtype; int8 / fp8: one-byte codes with a scale
-    per (token, KV head), against the reference on the values those codes stand for."""
+    per (token, KV head), against the reference on the values those codes stand for.
+    sinks: attention_sinks@1 (gpt-oss), a logit per head with no value in each softmax."""
     if dtype == "float16" and heads != 6:
         pytest.skip("fp16 once, on the GQA-3 window case (the kernels are dtype-generic)")
     rng = np.random.default_rng(heads * 100 + head_dim)
@@ -82,6 +84,9 @@ def test_prefill_and_decode_attention_match_reference(dtype, kv, heads, kv_heads
         k_cache, k_scales, k_all = quantized_cache(k_values, kv, block_size)
         v_cache, v_scales, v_all = quantized_cache(v_values, kv, block_size)
     q = device_tensor(rng.normal(size=(t, heads * head_dim)), dtype)
+    # sinks around the scores' scale, some large enough to take most of a head's weight
+    sink_values = (rng.normal(size=heads) * 2).astype(np.float32) if sinks else None
+    sinks_t = torch.from_numpy(sink_values) if sinks else torch.empty(0, dtype=torch.float32)
     out = torch.zeros(t, heads * head_dim, dtype=q.dtype)
     i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, Q_STRIDE=heads * head_dim,
@@ -92,16 +97,18 @@ def test_prefill_and_decode_attention_match_reference(dtype, kv, heads, kv_heads
     tile_tokens = tiles["BLOCK_M"] // group
     prefill = step_inputs.prefill_tiles(cu, tile_tokens)
     attention.attention_prefill_kernel[(len(prefill), kv_heads)](
-        q, out, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(prefill), scale,
-        OUT_STRIDE=heads * head_dim, TILE_TOKENS=tile_tokens, BLOCK_M=tiles["BLOCK_M"], **common)
+        q, out, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(prefill), sinks_t,
+        scale, OUT_STRIDE=heads * head_dim, TILE_TOKENS=tile_tokens, BLOCK_M=tiles["BLOCK_M"], HAS_SINKS=sinks,
+        **common)
     decode = step_inputs.decode_seqs(cu)
     partials = torch.full((len(decode) * kv_heads * splits * group * (head_dim + 2),), float("nan"))
     attention.attention_decode_kernel[(len(decode), kv_heads, splits)](
         q, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(decode), partials, scale,
         NUM_SPLITS=splits, BLOCK_G=max(16, 1 << (group - 1).bit_length()), **common)
     attention.attention_decode_reduce_kernel[(len(decode), heads)](
-        partials, i32(cu), i32(decode), out, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-        OUT_STRIDE=heads * head_dim, NUM_SPLITS=splits, BLOCK_SPLITS=1 << (splits - 1).bit_length(), BLOCK_D=block_d)
+        partials, i32(cu), i32(decode), out, sinks_t, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+        OUT_STRIDE=heads * head_dim, NUM_SPLITS=splits, BLOCK_SPLITS=1 << (splits - 1).bit_length(), BLOCK_D=block_d,
+        HAS_SINKS=sinks)
 
     from tolerances import CUDA_OUTPUT_ROUNDING
 
@@ -110,7 +117,7 @@ def test_prefill_and_decode_attention_match_reference(dtype, kv, heads, kv_heads
         slots = np.array([tables[s, j // block_size] * block_size + j % block_size for j in range(ctx)])
         ks, vs = k_all[slots].reshape(ctx, -1), v_all[slots].reshape(ctx, -1)
         ref = ops.ref_attention(q_all[cu[s]:cu[s + 1]], ks, vs, np.arange(ctx - n, ctx), np.arange(ctx),
-                                heads, kv_heads, head_dim, scale, window)
+                                heads, kv_heads, head_dim, scale, window, sinks=sink_values)
         p_rounding = CUDA_OUTPUT_ROUNDING[dtype] * np.abs(vs).max()
         assert_rounded_close(o_all[cu[s]:cu[s + 1]], ref, dtype, f"sequence {s} (context {ctx}, {n} rows)",
                              extra=p_rounding)

@@ -159,25 +159,13 @@ def decode_speed(llm: LLM, vocab: int, prompt_len: int = 128, new_tokens: int = 
     out = llm.generate(ids, greedy(new_tokens))[0]
     m = out.metrics
     tok_s = (len(out.token_ids) - 1) / (m["last_token_time"] - m["first_token_time"])
-    ex = llm.executor
-    ctx = prompt_len + new_tokens  # a valid decode step on the blocks of a finished request
-    tables = _tables([ctx], llm.block_size, first_block=0)
-    args = (np.array([1], np.int32), np.array([ctx - 1], np.int32), np.array([0, 1], np.int32),
-            np.array([ctx], np.int32), tables, np.array([0], np.int32))
-    sampling = ([0.0], [0], [1.0], [0.0])
-    for _ in range(10):
-        ex.sample(*args, *sampling)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        ex.sample(*args, *sampling)
-        times.append(time.perf_counter() - t)
-    step_ms = statistics.median(times) * 1e3
+    # a valid decode step on the blocks of a finished request
+    step_ms = 1e3 / decode_step_tok_s(llm, 1, prompt_len + new_tokens, steps=steps, warm=10)
     return {"generate_tok_s": tok_s, "generate_ms_per_token": 1e3 / tok_s, "executor_step_ms": step_ms,
             "new_tokens": len(out.token_ids)}
 
 
-def decode_step_tok_s(llm: LLM, batch: int, context: int, steps: int = 50) -> float:
+def decode_step_tok_s(llm: LLM, batch: int, context: int, steps: int = 50, warm: int = 5) -> float:
     """Tokens/s of decode steps of `batch` sequences at `context` positions each (the
     executor's sampled step alone: graph replay when one holds the batch, input upload,
     token readback), on KV blocks of the pool (their contents do not change the time)."""
@@ -186,7 +174,7 @@ def decode_step_tok_s(llm: LLM, batch: int, context: int, steps: int = 50) -> fl
     args = (np.ones(batch, np.int32), np.full(batch, context - 1, np.int32), np.arange(batch + 1, dtype=np.int32),
             np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int32))
     sampling = ([0.0] * batch, [0] * batch, [1.0] * batch, [0.0] * batch)
-    for _ in range(5):
+    for _ in range(warm):
         ex.sample(*args, *sampling)
     times = []
     for _ in range(steps):

@@ -41,7 +41,9 @@ SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
 # one-byte KV caches (format/kv.py dtypes) -> the kernels' KV_CODES constexpr (0: activation dtype)
 KV_CODES = {"int8": 1, "float8_e4m3": 2}
 SUPPORTED_OPS = {"embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split",
-                 "rope", "attention", "rms_norm_heads", "gelu_tanh_mul", "scale"}
+                 "rope", "attention", "attention_sinks", "rms_norm_heads", "gelu_tanh_mul", "scale", "moe",
+                 "sigmoid_gate_mul"}
+ATTENTION_OPS = ("attention", "attention_sinks")
 
 
 def pow2(n: int) -> int:
@@ -68,6 +70,7 @@ class _Lowering:
                          "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
         self.tensors: dict[str, list[TensorSpec]] = {}  # weight -> its tensors (a quantized one: codes, parts)
         self.split_k = {"partials": 0, "counters": 0}  # the split-K workspace's elements (max over linears)
+        self.moe: dict[str, int] = {}  # the moe workspace arrays' elements (max over moe nodes)
         self.kv_dtype = kv_dtype
         self.kv_codes = KV_CODES[kv_dtype] if kv_dtype in KV_CODES else 0
 
@@ -186,6 +189,16 @@ def _lower_elementwise(lw: _Lowering, n) -> list:
         lw.value_param(f"{names[0]}_ptr", a), lw.value_param(f"{names[1]}_ptr", b), lw.value_param("out_ptr", out)],
         {"WIDTH": width, f"{names[0].upper()}_STRIDE": lw.stride(a), f"{names[1].upper()}_STRIDE": lw.stride(b),
          "OUT_STRIDE": lw.stride(out), "BLOCK": block})]
+
+
+def _lower_sigmoid_gate_mul(lw: _Lowering, n) -> list:
+    (y, gate), (out,) = n.inputs, n.outputs
+    width = lw.graph.values[out].width
+    block = min(1024, pow2(width))
+    return [lw.launch(n, "elementwise", "sigmoid_gate_mul_kernel", _rows_grid(lw.rows(out), cdiv(width, block)), [
+        lw.value_param("y_ptr", y), lw.value_param("gate_ptr", gate), lw.value_param("out_ptr", out)],
+        dict(WIDTH=width, Y_STRIDE=lw.stride(y), GATE_STRIDE=lw.stride(gate), OUT_STRIDE=lw.stride(out),
+             BLOCK=block))]
 
 
 def _lower_scale(lw: _Lowering, n) -> list:
@@ -331,23 +344,26 @@ def _lower_attention(lw: _Lowering, n) -> list:
              ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
              ("context_lens_ptr", "*i32", {"step": "context_lens"}, True)]
     scale = ("scale", "fp32", {"f32": float(a["scale"])}, False)
+    sinks = n.op == "attention_sinks"
+    sinks_param = ("sinks_ptr", "*fp32", lw.weight(n.weights[0], "float32") if sinks else {"null": True}, sinks)
     common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, Q_STRIDE=lw.stride(q),
                   KV_BLOCK_SIZE=lw.build.kv_block_size, BLOCK_TABLE_STRIDE=cdiv(lw.build.max_seq_len, lw.build.kv_block_size),
                   SLIDING_WINDOW=int(a.get("sliding_window", 0)), BLOCK_N=ATTN_BLOCK_N, BLOCK_D=pow2(d),
                   KV_CODES=lw.kv_codes)
     prefill = lw.launch(n, "attention", "attention_prefill_kernel", (("prefill_tiles", 1, 1), kv_heads, 1), [
         lw.value_param("q_ptr", q), lw.value_param("out_ptr", out), *cache,
-        ("prefill_tiles_ptr", "*i32", {"step": "prefill_tiles"}, True), scale],
-        dict(common, OUT_STRIDE=lw.stride(out), TILE_TOKENS=shape["tile_tokens"], BLOCK_M=shape["block_m"]))
+        ("prefill_tiles_ptr", "*i32", {"step": "prefill_tiles"}, True), sinks_param, scale],
+        dict(common, OUT_STRIDE=lw.stride(out), TILE_TOKENS=shape["tile_tokens"], BLOCK_M=shape["block_m"],
+             HAS_SINKS=sinks))
     partials = ("partials_ptr", "*fp32", {"workspace": "attn_partials"}, True)
     decode = lw.launch(n, "attention", "attention_decode_kernel", (("decode_seqs", 1, 1), kv_heads, shape["splits"]), [
         lw.value_param("q_ptr", q), *cache, ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), partials, scale],
         dict(common, NUM_SPLITS=shape["splits"], BLOCK_G=max(16, pow2(shape["group"]))), num_stages=3)
     reduce = lw.launch(n, "attention", "attention_decode_reduce_kernel", (("decode_seqs", 1, 1), heads, 1), [
         partials, ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
-        ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), lw.value_param("out_ptr", out)],
+        ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), lw.value_param("out_ptr", out), sinks_param],
         dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, OUT_STRIDE=lw.stride(out),
-             NUM_SPLITS=shape["splits"], BLOCK_SPLITS=pow2(shape["splits"]), BLOCK_D=pow2(d)))
+             NUM_SPLITS=shape["splits"], BLOCK_SPLITS=pow2(shape["splits"]), BLOCK_D=pow2(d), HAS_SINKS=sinks))
     return [prefill, decode, reduce]
 
 
@@ -372,10 +388,58 @@ def _step_inputs(build: BuildConfig, tile_tokens: int) -> tuple:
     return tuple({"name": n, "dtype": "float32" if n in floats else "int32", "elems": e} for n, e in sizes)
 
 
+def _lower_moe(lw: _Lowering, n) -> list:
+    """Routing, then the routed experts' gate/up and down (kernels/moe.py), through a
+    workspace of [tokens, top_k] experts, weights and intermediate activations."""
+    (x, logits), (y,) = n.inputs, n.outputs
+    a = n.attrs
+    hidden, size, top_k, experts = lw.graph.values[x].width, int(a["expert_size"]), int(a["top_k"]), int(a["num_experts"])
+    if int(a.get("first_expert", 0)) or int(a.get("local_experts", experts)) != experts:
+        raise GraphError(f"{n.name}: experts split across ranks; the cuda target builds one rank")
+    layout, count = int(a.get("layout", 0)), lw.build.max_num_tokens * top_k
+    for name, elems in (("moe_experts", count), ("moe_weights", count), ("moe_h", count * size)):
+        lw.moe[name] = max(lw.moe.get(name, 0), elems)
+    act = "*" + TRITON_TYPES[lw.act]
+    gate_up, down = (lw.weight(w, lw.act) for w in n.weights[:2])
+    has_bias = len(n.weights) > 2
+    biases = [lw.weight(w, "float32") if has_bias else {"null": True} for w in (n.weights[2:4] if has_bias else (None, None))]
+    work = {k: {"workspace": k} for k in ("moe_experts", "moe_weights", "moe_h")}
+    if layout == 1:  # (E, H, 2I) gate/up interleaved, (E, I, H)
+        gu = dict(EXPERT_STRIDE=hidden * 2 * size, ROW_STRIDE=2, K_STRIDE=2 * size, UP_OFFSET=1,
+                  BIAS_ROW_STRIDE=2, BIAS_UP_OFFSET=1)
+        dn = dict(EXPERT_STRIDE=size * hidden, OUT_STRIDE=1, I_STRIDE=hidden)
+    else:  # (E * 2I, H) [gate; up] per expert, (E * H, I)
+        gu = dict(EXPERT_STRIDE=2 * size * hidden, ROW_STRIDE=hidden, K_STRIDE=1, UP_OFFSET=size * hidden,
+                  BIAS_ROW_STRIDE=1, BIAS_UP_OFFSET=size)
+        dn = dict(EXPERT_STRIDE=hidden * size, OUT_STRIDE=size, I_STRIDE=1)
+    block_i, block_h = min(64, pow2(size)), min(64, pow2(hidden))
+    route = lw.launch((n.name + ".route", "moe"), "moe", "moe_route_kernel", _rows_grid("tokens"), [
+        lw.value_param("logits_ptr", logits), ("experts_ptr", "*i32", work["moe_experts"], True),
+        ("weights_ptr", "*fp32", work["moe_weights"], True)],
+        dict(LOGITS_STRIDE=lw.stride(logits), NUM_EXPERTS=experts, TOP_K=top_k,
+             SOFTMAX_AFTER_TOPK=bool(int(a["softmax_after_topk"])), NORM_TOPK_PROB=bool(int(a["norm_topk_prob"])),
+             BLOCK_E=pow2(experts)))
+    gate_up_launch = lw.launch((n.name + ".gate_up", "moe"), "moe", "moe_gate_up_kernel",
+                               (("tokens", 1, 1), top_k, cdiv(size, block_i)), [
+        lw.value_param("x_ptr", x), ("experts_ptr", "*i32", work["moe_experts"], True),
+        ("gate_up_ptr", act, gate_up, True), ("gate_up_bias_ptr", "*fp32", biases[0], has_bias),
+        ("h_ptr", "*fp32", work["moe_h"], True)],
+        dict(X_STRIDE=lw.stride(x), HIDDEN=hidden, EXPERT_SIZE=size, TOP_K=top_k, HAS_BIAS=has_bias,
+             ACTIVATION=int(a.get("activation", 0)), BLOCK_I=block_i, BLOCK_K=min(64, pow2(hidden)), **gu))
+    down_launch = lw.launch(n, "moe", "moe_down_kernel", _rows_grid("tokens", cdiv(hidden, block_h)), [
+        ("h_ptr", "*fp32", work["moe_h"], True), ("experts_ptr", "*i32", work["moe_experts"], True),
+        ("weights_ptr", "*fp32", work["moe_weights"], True), ("down_ptr", act, down, True),
+        ("down_bias_ptr", "*fp32", biases[1], has_bias), lw.value_param("y_ptr", y)],
+        dict(Y_STRIDE=lw.stride(y), HIDDEN=hidden, EXPERT_SIZE=size, TOP_K=top_k, HAS_BIAS=has_bias,
+             BLOCK_H=block_h, BLOCK_I=block_i, **dn))
+    return [route, gate_up_launch, down_launch]
+
+
 LOWERINGS = {"embedding": _lower_embedding, "rms_norm": _lower_rms_norm, "add_rms_norm": _lower_add_rms_norm,
              "add": _lower_elementwise, "silu_mul": _lower_elementwise, "gelu_tanh_mul": _lower_elementwise,
              "scale": _lower_scale, "rms_norm_heads": _lower_rms_norm_heads, "gather_rows": _lower_gather_rows,
-             "linear": _lower_linear, "attention": _lower_attention}
+             "linear": _lower_linear, "attention": _lower_attention, "attention_sinks": _lower_attention,
+             "moe": _lower_moe, "sigmoid_gate_mul": _lower_sigmoid_gate_mul}
 
 
 def check_supported(graph: Graph, build: BuildConfig) -> None:
@@ -403,7 +467,7 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     kv_dtype = model_kv["dtype"] if model_kv["dtype"] in KV_CODES else build.dtype
     lw = _Lowering(graph, build, kv_dtype)
     consumers = graph.consumers()
-    attentions = [n for n in graph.nodes if n.op == "attention"]
+    attentions = [n for n in graph.nodes if n.op in ATTENTION_OPS]
     shapes = {tuple(sorted(attention_shape(n, build).items())) for n in attentions}
     if len(shapes) > 1:
         raise GraphError("attention layers differ in their head grouping; the cuda plan has one tile size")
@@ -416,13 +480,15 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     for n in graph.nodes:
         if n.op == "rope":
             forward += _lower_rope(lw, n, consumers[n.outputs[0]][0])
-        elif n.op == "attention" and n.name not in rope_users:
+        elif n.op in ATTENTION_OPS and n.name not in rope_users:
             forward += _lower_kv_write(lw, n) + _lower_attention(lw, n)
         elif n.op != "split":  # split outputs are column views: no launch
             forward += LOWERINGS[n.op](lw, n)
     kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
     workspace = ({"name": "attn_partials", "dtype": "float32",
                   "elems": build.max_batch_size * kv_heads * shape["splits"] * shape["group"] * (d + 2)},)
+    workspace += tuple({"name": name, "dtype": "int32" if name == "moe_experts" else "float32", "elems": elems}
+                       for name, elems in lw.moe.items())
     if lw.split_k["counters"]:
         workspace += ({"name": "split_k_partials", "dtype": "float32", "elems": lw.split_k["partials"]},
                       {"name": "split_k_counters", "dtype": "int32", "elems": lw.split_k["counters"]})

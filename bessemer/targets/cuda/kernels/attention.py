@@ -31,12 +31,12 @@ def _kv_rows(block_tables_ptr, seq, keys, key_mask, kv_head, NUM_KV_HEADS: tl.co
     The cache layout: kernels/__init__.py."""
     block = tl.load(block_tables_ptr + seq * BLOCK_TABLE_STRIDE + keys // KV_BLOCK_SIZE, mask=key_mask, other=0)
     block = block.to(tl.int64)
-    row = ((keys % KV_BLOCK_SIZE) * NUM_KV_HEADS + kv_head).to(tl.int64)  # the (token, head) row in its block
+    row = (keys % KV_BLOCK_SIZE) * NUM_KV_HEADS + kv_head  # the (token, head) row in its block
     BLOCK_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * (HEAD_DIM + 4)
     CODE_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
     if KV_CODES == 0:
-        first = (block * (KV_BLOCK_SIZE * NUM_KV_HEADS) + row) * HEAD_DIM
-        scale = row
+        first = ((block * KV_BLOCK_SIZE + keys % KV_BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
+        scale = first  # no scales: unused (the same type as the other branch's)
     else:
         first = block * BLOCK_BYTES + row * HEAD_DIM
         scale = block * (BLOCK_BYTES // 4) + CODE_BYTES // 4 + row
@@ -66,12 +66,12 @@ def _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, act_dtype: tl.constex
 
 @triton.jit
 def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
-                             cu_seqlens_ptr, context_lens_ptr, prefill_tiles_ptr, scale,
+                             cu_seqlens_ptr, context_lens_ptr, prefill_tiles_ptr, sinks_ptr, scale,
                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                              Q_STRIDE: tl.constexpr, OUT_STRIDE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
                              BLOCK_TABLE_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
                              TILE_TOKENS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
+                             BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr, HAS_SINKS: tl.constexpr):
     """One tile of TILE_TOKENS query rows of one sequence x the G query heads of one KV head.
     prefill_tiles: [P, 2] int32 (sequence, first row of the tile within the sequence).
     Grid: (P, NUM_KV_HEADS)."""
@@ -122,6 +122,9 @@ def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scales_
         v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
         m_i = m_new
+    if HAS_SINKS:  # gpt-oss: each head's softmax also counts exp(sinks[h]), a logit with no value
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
+        l_i += tl.exp2(sink - m_i)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + rows[:, None] * OUT_STRIDE + head[:, None] * HEAD_DIM + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -187,11 +190,11 @@ def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_sca
 
 
 @triton.jit
-def attention_decode_reduce_kernel(partials_ptr, cu_seqlens_ptr, decode_seqs_ptr, out_ptr,
+def attention_decode_reduce_kernel(partials_ptr, cu_seqlens_ptr, decode_seqs_ptr, out_ptr, sinks_ptr,
                                    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                                    HEAD_DIM: tl.constexpr, OUT_STRIDE: tl.constexpr,
                                    NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
-                                   BLOCK_D: tl.constexpr):
+                                   BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Combines the splits of one decode row and query head (log-sum-exp rescaling; an
     empty split has m = -inf, l = 0). Grid: (D, NUM_HEADS)."""
     G: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -208,6 +211,9 @@ def attention_decode_reduce_kernel(partials_ptr, cu_seqlens_ptr, decode_seqs_ptr
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     acc = tl.load(base[:, None] + d[None, :], mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    denominator = tl.sum(l * w, axis=0)
+    if HAS_SINKS:  # once, after the splits combine (m_all: the row's max, log2 units)
+        denominator += tl.exp2(tl.load(sinks_ptr + head) * LOG2E - m_all)
+    out = tl.sum(acc * w[:, None], axis=0) / denominator
     row = tl.load(cu_seqlens_ptr + tl.load(decode_seqs_ptr + i)).to(tl.int64)
     tl.store(out_ptr + row * OUT_STRIDE + head * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)

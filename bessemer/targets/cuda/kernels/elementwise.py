@@ -63,3 +63,17 @@ def scale_kernel(x_ptr, out_ptr, factor,
     mask = cols < WIDTH
     x = tl.load(x_ptr + row * X_STRIDE + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * OUT_STRIDE + cols, (x * factor).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def sigmoid_gate_mul_kernel(y_ptr, gate_ptr, out_ptr,
+                            WIDTH: tl.constexpr, Y_STRIDE: tl.constexpr, GATE_STRIDE: tl.constexpr,
+                            OUT_STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """out = y * sigmoid(gate), gate one column per row (Qwen2-MoE's shared-expert gate), in
+    fp32 (out may be y). Grid: (T, cdiv(WIDTH, BLOCK))."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < WIDTH
+    y = tl.load(y_ptr + row * Y_STRIDE + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + row * GATE_STRIDE).to(tl.float32)
+    tl.store(out_ptr + row * OUT_STRIDE + cols, (y * tl.sigmoid(g)).to(out_ptr.dtype.element_ty), mask=mask)
