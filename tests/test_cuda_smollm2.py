@@ -98,10 +98,12 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
             assert split_k_seen
 
 
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("kind", ["fp8"])
 def test_quantized_kv_cache_cubins_pass_the_checks(kind, tmp_path, kernel_cache):
-    """--kv-cache-dtype int8 | fp8: the cache-writing and attention cubins (codes and scales)
-    pass the checks, spill nothing, and the prefill attention keeps its HGMMA dots."""
+    """--kv-cache-dtype fp8: the cache-writing and attention cubins (codes and scales) pass
+    the checks, spill nothing, and the prefill attention keeps its HGMMA dots (int8 differs
+    only in the code conversion; its cubins are compiled and launched in the fake-driver
+    test of tests/cuda_executor)."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
     from conftest import make_tiny_checkpoint
