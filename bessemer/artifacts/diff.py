@@ -60,13 +60,14 @@ def reference_graph(model_dir: Path, fuse: bool):
     return run_passes(graph, BuildConfig(fuse=fuse), lowered=False)[0]
 
 
-def capture_hf(model_dir: Path, ids: list[int]) -> dict:
-    """{module path: (input 0, output)} of every HF module, (T, width) float32."""
+def capture_hf(model_dir: Path, ids: list[int], vocab_size: int | None = None) -> dict:
+    """{module path: (input 0, output)} of every HF module, (T, width) float32; the model's
+    vocabulary must be `vocab_size` (the engine's) when given."""
     import torch
 
     from bessemer.runtime.evaluate import load_hf_model
 
-    model = load_hf_model(model_dir, "bessemer diff")
+    model = load_hf_model(model_dir, "bessemer diff --reference", vocab_size=vocab_size)
     seen: dict[str, tuple] = {}
 
     def flat(t):
@@ -148,18 +149,51 @@ def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
     return doubled[:, :width] / np.float32(2)
 
 
-def diff_engine(engine_dir: str | Path, model_dir: str | Path, ids: list[int], rtol: float | None = None,
-                progress=lambda m: None) -> tuple[list[NodeDiff], float]:
+def load_diffable(engine_dir: str | Path):
+    """The engine, if diff can run it: its plan's steps one prefix at a time, on the cpu
+    target's executor, one rank (a cuda plan has no `steps`; TP ranks hold slices)."""
     from bessemer.runtime.engine import Engine
 
+    target = Engine.read_config(engine_dir)["target"]
+    if target != "cpu":
+        raise BessemerError(f"bessemer diff runs the plan of a cpu engine step by step; {engine_dir} is a {target} "
+                            "engine: build a cpu engine of the same checkpoint (build-engine MODEL_DIR --target cpu) "
+                            "and diff that")
     engine = Engine.load(engine_dir)
     if engine.config["mapping"]["tp_size"] != 1:
         raise BessemerError("bessemer diff compares single-rank engines; build the engine again with --tp 1")
+    return engine
+
+
+def check_prompt(engine, ids: list[int]) -> None:
+    """The whole prompt runs as one prefill step of every plan prefix: its ids must be in the
+    vocabulary and it must fit one step and one sequence of the engine (a longer prompt ran
+    for an hour, past the engine's positions)."""
+    vocab = int(engine.header["plan"]["vocab_size"])
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise BessemerError(f"token id {bad} is outside the engine's vocabulary of {vocab} tokens; "
+                            f"pass ids from 0 to {vocab - 1}")
+    max_seq_len, max_num_tokens = int(engine.build["max_seq_len"]), int(engine.build["max_num_tokens"])
+    if len(ids) > min(max_seq_len, max_num_tokens):
+        raise BessemerError(f"the prompt has {len(ids)} tokens and {engine.dir} runs at most "
+                            f"{min(max_seq_len, max_num_tokens)} in one step (max_seq_len {max_seq_len}, "
+                            f"max_num_tokens {max_num_tokens}); pass a shorter prompt")
+
+
+def diff_engine(engine_dir: str | Path, model_dir: str | Path, ids: list[int], rtol: float | None = None,
+                progress=lambda m: None) -> tuple[list[NodeDiff], float]:
+    from bessemer.runtime.evaluate import require_hf_checkpoint
+
+    engine = load_diffable(engine_dir)
+    check_prompt(engine, ids)
+    vocab = int(engine.header["plan"]["vocab_size"])
+    model_dir = require_hf_checkpoint(model_dir, "bessemer diff --reference", vocab)
     rtol = default_rtol(engine.config) if rtol is None else rtol
-    graph = reference_graph(Path(model_dir), bool(engine.build.get("fuse", True)))
+    graph = reference_graph(model_dir, bool(engine.build.get("fuse", True)))
     nodes = {n.name: n for n in graph.nodes}
     progress(f"running {model_dir} with transformers")
-    hf = capture_hf(Path(model_dir), ids)
+    hf = capture_hf(model_dir, ids, vocab)
     rows = []
     steps = engine.header["plan"]["steps"]
     with tempfile.TemporaryDirectory(prefix="bessemer-diff-") as workdir:

@@ -5,15 +5,46 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from bessemer.errors import BessemerError
 
+# The most a text input of a command (prompts, a grammar, a schema) may hold: it is read
+# whole, so /dev/zero or a wrong multi-GB file is refused at once instead of read forever.
+MAX_TEXT_FILE_MIB = 16
+
+
+def error(message: str) -> None:
+    """One `error: ...` line on stderr (fail() also exits)."""
+    click.echo(f"error: {message}", err=True)
+
 
 def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
+    error(message)
     sys.exit(1)
+
+
+def read_text_file(value: str, flag: str) -> str:
+    """The UTF-8 text of the file given to `flag`, at most MAX_TEXT_FILE_MIB; any other
+    file is refused with one line naming the fix."""
+    path = Path(value)
+    if not path.exists():
+        fail(f"{flag} {path} does not exist; pass a UTF-8 text file")
+    if path.is_dir():
+        fail(f"{flag} {path} is a directory; pass a UTF-8 text file")
+    limit = MAX_TEXT_FILE_MIB << 20
+    with open(path, "rb") as f:  # a pipe or device as well as a file, but never more than the limit
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        fail(f"{flag} {path} holds more than {MAX_TEXT_FILE_MIB} MiB (the limit for text inputs); "
+             "pass a smaller UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{flag} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+             "pass a UTF-8 text file")
 
 
 def user_errors(fn):

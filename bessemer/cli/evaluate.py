@@ -35,11 +35,13 @@ def main(engine_dir, dataset, context_len, max_tokens, reference, threads, kv_ca
     if context_len > llm.max_seq_len:
         raise click.UsageError(f"--context-len {context_len} exceeds the engine's max_seq_len {llm.max_seq_len}")
     wins = windows(llm.tokenizer.encode(text, add_special_tokens=False), context_len, max_tokens)
+    # the reference is loaded (and checked) before the engine scores: a wrong one fails at once
+    ref_score = hf_scorer(reference, threads, llm.vocab_size) if reference else None
     progress(f"{sum(len(w) for w in wins)} tokens in {len(wins)} windows of up to {context_len}")
     result = {"engine": engine_dir, "dataset": dataset, "context_len": context_len,
               **perplexity(llm.score, wins, progress=progress).to_json()}
     if reference:
-        ref = perplexity(hf_scorer(reference, threads), wins, progress=progress)
+        ref = perplexity(ref_score, wins, progress=progress)
         result["reference"] = {"model": reference, **ref.to_json()}
         result["relative_difference"] = result["perplexity"] / ref.perplexity - 1
     if as_json:

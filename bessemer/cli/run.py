@@ -7,19 +7,17 @@ from pathlib import Path
 
 import click
 
-from bessemer.cli.common import Progress, fail, gpu_kwargs, gpu_options, speculative_config, speculative_options, user_errors
+from bessemer.cli.common import (MAX_TEXT_FILE_MIB, Progress, error, fail, gpu_kwargs, gpu_options, read_text_file,
+                                 speculative_config, speculative_options, user_errors)
 
 
 def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]:
     if bool(prompts) == bool(input_file):
         fail("give either --prompt TEXT (repeatable) or --input-file FILE (one prompt per line)")
     if input_file:
-        path = Path(input_file)
-        if not path.exists():
-            fail(f"input file {path} does not exist; pass a text file with one prompt per line")
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        lines = [line for line in read_text_file(input_file, "--input-file").splitlines() if line.strip()]
         if not lines:
-            fail(f"input file {path} holds no prompts; put one prompt per line")
+            fail(f"--input-file {input_file} holds no prompts; put one prompt per line")
         return lines
     return list(prompts)
 
@@ -27,7 +25,8 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.command(name="run-engine", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("engine_dir", type=click.Path(path_type=str))
 @click.option("--prompt", "prompts", multiple=True, help="Prompt text; repeat for a batch.")
-@click.option("--input-file", type=click.Path(path_type=str), help="File with one prompt per line.")
+@click.option("--input-file", type=click.Path(path_type=str),
+              help=f"UTF-8 file with one prompt per line (at most {MAX_TEXT_FILE_MIB} MiB).")
 @click.option("--chat", is_flag=True, help="Wrap each prompt as a user message in the chat template.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -39,9 +38,11 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt on stdout.")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--json-schema", default=None,
-              help="Constrain the output to this JSON schema (a file, or the schema itself).")
+              help=f"Constrain the output to this JSON schema (a file of at most {MAX_TEXT_FILE_MIB} MiB, "
+                   "or the schema itself).")
 @click.option("--regex", default=None, help="Constrain the output to this regular expression.")
-@click.option("--grammar", default=None, help="Constrain the output to this grammar file (Lark or GBNF).")
+@click.option("--grammar", default=None,
+              help=f"Constrain the output to this grammar file (Lark or GBNF, UTF-8, at most {MAX_TEXT_FILE_MIB} MiB).")
 @speculative_options
 @click.option("--kv-cache-gib", type=float, default=None,
               help="KV-cache budget (cpu default 1; cuda default: --gpu-memory-utilization).")
@@ -60,7 +61,7 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
     progress = Progress(quiet)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, json_schema=_read_schema(json_schema),
-                            regex=regex, grammar=_read_text(grammar, "--grammar"))
+                            regex=regex, grammar=read_text_file(grammar, "--grammar") if grammar is not None else None)
     progress(f"loading engine {engine_dir}")
     llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
               speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
@@ -79,16 +80,8 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
         outputs = llm.generate(token_ids, params)
     for text, out in zip(texts, outputs):
         if as_json:
-            m = out.metrics
-            n = len(out.token_ids)
-            span = (m["last_token_time"] or 0) - (m["first_token_time"] or 0)
-            click.echo(json.dumps({
-                "prompt": text, "text": out.text, "token_ids": out.token_ids,
-                "num_prompt_tokens": len(out.prompt_token_ids),
-                "finish_reason": out.finish_reason,
-                "ttft_s": round(m["first_token_time"] - m["arrival_time"], 6),
-                "decode_tok_s": round((n - 1) / span, 3) if n > 1 and span > 0 else None}))
-        elif not stream:
+            click.echo(json.dumps(_json_row(text, out)))
+        elif not stream and out.finish_reason != "error":  # a failed prompt has no text: its error follows
             click.echo(f"{text}{out.text}" if not chat else out.text)
             if len(outputs) > 1:
                 click.echo("-" * 40)
@@ -96,21 +89,36 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
     if stats.num_draft_tokens:
         progress(f"speculative decoding: {stats.num_accepted_tokens}/{stats.num_draft_tokens} draft tokens accepted "
                  f"({stats.num_accepted_tokens / stats.num_draft_tokens:.0%})")
+    _exit_on_failures(outputs)
 
 
-def _read_text(value: str | None, flag: str) -> str | None:
-    if value is None:
-        return None
-    path = Path(value)
-    if not path.is_file():
-        fail(f"{flag} file {path} does not exist; pass a file holding the grammar")
-    return path.read_text()
+def _json_row(text: str, out) -> dict:
+    """One prompt's result for --json; `error` says why, when finish_reason is "error"."""
+    m = out.metrics
+    n = len(out.token_ids)
+    first = m["first_token_time"]  # None: the sequence failed before its first token
+    span = (m["last_token_time"] or 0) - (first or 0)
+    return {"prompt": text, "text": out.text, "token_ids": out.token_ids,
+            "num_prompt_tokens": len(out.prompt_token_ids),
+            "finish_reason": out.finish_reason, "error": out.outputs[0].error,
+            "ttft_s": round(first - m["arrival_time"], 6) if first is not None else None,
+            "decode_tok_s": round((n - 1) / span, 3) if n > 1 and span > 0 else None}
+
+
+def _exit_on_failures(outputs) -> None:
+    """A prompt that failed inside a step ended alone (the others' results are printed):
+    one `error:` line for each, and a non-zero exit, so a script never takes it for a result."""
+    failed = [(i, out.outputs[0].error) for i, out in enumerate(outputs, 1) if out.finish_reason == "error"]
+    for i, why in failed:
+        error(f"prompt {i} failed: {why}")
+    if failed:
+        raise SystemExit(1)
 
 
 def _read_schema(value: str | None) -> dict | None:
     if value is None:
         return None
-    text = Path(value).read_text() if Path(value).is_file() else value
+    text = read_text_file(value, "--json-schema") if Path(value).is_file() else value
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as e:

@@ -28,6 +28,15 @@ ROPE_KEYS = {
              "mscale", "mscale_all_dim", "truncate"),
     "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings", "attention_factor"),
 }
+# the keys of ROPE_KEYS the maths reads without a default (the rest default as in HF); the
+# checkpoint's config is checked for them, and for each value's range, in
+# builder/hf_config_fields.py before a build starts
+ROPE_REQUIRED = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor",),
+}
+YARN_BETA_FAST, YARN_BETA_SLOW = 32, 1  # HF's defaults: the ramp's ends, in rotations
 SUPPORTED_ROPE_TYPES = tuple(ROPE_KEYS)
 COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")  # "type": older name of rope_type
 
@@ -68,7 +77,7 @@ def yarn_inv_freq(params: dict, dim: int, max_positions: int) -> tuple[np.ndarra
         mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
         attention = (yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
                      if mscale and mscale_all else yarn_get_mscale(factor))
-    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+    beta_fast, beta_slow = params.get("beta_fast") or YARN_BETA_FAST, params.get("beta_slow") or YARN_BETA_SLOW
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))

@@ -52,7 +52,10 @@ class Engine:
             config = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise EngineLoadError(f"{path} is not valid JSON; rebuild the engine with build-engine") from None
-        fmt = config.get("bessemer_format") or {}
+        if not isinstance(config, dict):  # `[]` parses: every check below reads it as an object
+            raise _damaged(path, "not a JSON object")
+        fmt = config.get("bessemer_format")
+        fmt = fmt if isinstance(fmt, dict) else {}
         if fmt.get("major") != SUPPORTED_FORMAT_MAJOR:
             raise EngineLoadError(
                 f"engine format {fmt.get('major')}.{fmt.get('minor')} (built by bessemer "
@@ -119,19 +122,31 @@ class Engine:
 BUILD_LIMITS = ("max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size")
 
 
-def _check_config(config, path: Path) -> None:
-    def bad(what: str) -> EngineLoadError:
-        return EngineLoadError(f"{path}: {what}; the engine's config.json is damaged, rebuild the engine")
+def _damaged(path: Path, what: str) -> EngineLoadError:
+    return EngineLoadError(f"{path}: {what}; the engine's config.json is damaged, rebuild the engine")
 
-    if not isinstance(config, dict):
-        raise bad("not a JSON object")
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_config(config: dict, path: Path) -> None:
+    def bad(what: str) -> EngineLoadError:
+        return _damaged(path, what)
+
     build = config.get("build")
     if not isinstance(build, dict):
         raise bad("no build section")
     for name in BUILD_LIMITS:
         value = build.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1 << 24:
+        if not _positive_int(value) or value > 1 << 24:
             raise bad(f"build.{name} is {value!r}, not a positive integer")
+    # the sections the runtime and inspect read as objects (a null one was an AttributeError)
+    for name in ("model", "mapping"):
+        if not isinstance(config.get(name), dict):
+            raise bad(f"{name} is {_as_json(config.get(name))}, not an object")
+    if not (config.get("quant") is None or isinstance(config["quant"], dict)):
+        raise bad(f"quant is {_as_json(config['quant'])}, not an object or null")
     ranks = config.get("ranks")
     if not isinstance(ranks, list) or not ranks:
         raise bad("no rank files listed")
@@ -145,3 +160,19 @@ def _check_config(config, path: Path) -> None:
             raise bad(f"ranks[{i}].size {size!r} is not a byte count")
         if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise bad(f"ranks[{i}].sha256 is not a sha256 hex digest")
+    _check_mapping(config["mapping"], len(ranks), bad)
+
+
+def _check_mapping(mapping: dict, num_ranks: int, bad) -> None:
+    """tp_size picks the executor (one rank or a TP group of that many rank files)."""
+    for name in ("tp_size", "pp_size"):
+        if not _positive_int(mapping.get(name)):
+            raise bad(f"mapping.{name} is {_as_json(mapping.get(name))}, not a positive integer")
+    if mapping["tp_size"] != num_ranks:
+        raise bad(f"mapping.tp_size is {mapping['tp_size']} but ranks lists {num_ranks} file(s)")
+
+
+def _as_json(value) -> str:
+    """`value` as config.json spells it (null, "1"), cut to 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -48,15 +48,24 @@ def describe(engine_dir: str | Path) -> dict:
         import json
 
         quant_error = json.loads(report.read_text()).get("quant_error") or {}
-    return {"quant_error": quant_error, "bits_per_weight": bits_per_weight(tables), "engine": str(d), "format": config["bessemer_format"], "bessemer_version": config["bessemer_version"],
+    # the loader checked what it runs on; these fields only describe the engine
+    return {"quant_error": quant_error, "bits_per_weight": bits_per_weight(tables), "engine": str(d), "format": config["bessemer_format"], "bessemer_version": config.get("bessemer_version"),
             "target": config["target"],
             "target_fields": {k: v for k, v in sorted(config.items()) if k not in COMMON_KEYS},
-            "model": config["model"], "build": config["build"], "quant": config["quant"],
-            "mapping": config["mapping"], "plugins": config["plugins"], "passes": config.get("passes", []),
+            "model": config["model"], "build": config["build"], "quant": config.get("quant"),
+            "mapping": config["mapping"], "plugins": config.get("plugins") or [], "passes": config.get("passes") or [],
             "ranks": ranks, "build_report": str(report) if report.exists() else None}
 
 
 def format_description(info: dict) -> str:
+    try:
+        return _format_description(info)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of config.json missing or mistyped
+        raise EngineLoadError(f"{info['engine']}/config.json has a malformed field ({type(e).__name__}: {e}); "
+                              "the engine's config.json is damaged, rebuild the engine") from None
+
+
+def _format_description(info: dict) -> str:
     m, b = info["model"], info["build"]
     lines = [
         f"engine        {info['engine']}",
