@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from bessemer.cli.common import fail, speculative_config, speculative_options, user_errors
+from bessemer.runtime.constraint_limits import ConstraintLimits
 from bessemer.serving.limits import ServerLimits
 
 
@@ -31,11 +32,24 @@ from bessemer.serving.limits import ServerLimits
               help="Seconds a client has to send a request's headers (then 408).")
 @click.option("--body-timeout", type=float, default=ServerLimits.body_timeout_s, show_default=True,
               help="Seconds a client has to send a request's body (then 408).")
+@click.option("--max-prompts", type=int, default=ServerLimits.max_prompts, show_default=True,
+              help="Most prompts one completions request may hold.")
+@click.option("--max-prompt-tokens", type=int, default=ServerLimits.max_prompt_tokens, show_default=True,
+              help="Most prompt tokens one request may hold, all its prompts together.")
+@click.option("--max-constraint-bytes", type=int, default=ConstraintLimits.max_bytes, show_default=True,
+              help="Largest JSON schema, regex or grammar a request may send.")
+@click.option("--max-grammar-rules", type=int, default=ConstraintLimits.max_rules, show_default=True,
+              help="Most rules a request's grammar may define.")
+@click.option("--max-schema-depth", type=int, default=ConstraintLimits.max_schema_depth, show_default=True,
+              help="Deepest nesting of a request's JSON schema.")
+@click.option("--constraint-timeout", type=float, default=ConstraintLimits.compile_timeout_s, show_default=True,
+              help="Seconds a request's constraint may take to compile (then 400).")
 @speculative_options
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level, max_request_bytes, max_n, header_timeout, body_timeout, speculative,
-         draft_engine, num_speculative_tokens, ngram_max):
+         model_name, threads, log_level, max_request_bytes, max_n, header_timeout, body_timeout, max_prompts,
+         max_prompt_tokens, max_constraint_bytes, max_grammar_rules, max_schema_depth, constraint_timeout,
+         speculative, draft_engine, num_speculative_tokens, ngram_max):
     """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
@@ -50,10 +64,13 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     limits = ServerLimits(max_body_bytes=max_request_bytes, max_n=max_n, header_timeout_s=header_timeout,
-                          body_timeout_s=body_timeout)  # checked before the engine loads
+                          body_timeout_s=body_timeout, max_prompts=max_prompts,
+                          max_prompt_tokens=max_prompt_tokens)  # checked before the engine loads
+    constraint_limits = ConstraintLimits(max_bytes=max_constraint_bytes, max_rules=max_grammar_rules,
+                                         max_schema_depth=max_schema_depth, compile_timeout_s=constraint_timeout)
     from bessemer.serving.server import run
 
     run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
-        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache,
+        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache, constraint_limits=constraint_limits,
         speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))

@@ -16,6 +16,7 @@ from typing import Callable, Sequence as Seq
 import numpy as np
 
 from bessemer.errors import InvalidOptionError
+from bessemer.runtime.constraint_limits import ConstraintLimits
 from bessemer.runtime.llm_engine import LLMEngine
 from bessemer.runtime.outputs import CompletionOutput, RequestOutput  # noqa: F401 - public names
 from bessemer.runtime.sampling_params import SamplingParams
@@ -33,7 +34,8 @@ class LLM:
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
                  speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 say: Callable[[str], None] | None = None, interpret: bool = False):
+                 say: Callable[[str], None] | None = None, interpret: bool = False,
+                 constraint_limits: ConstraintLimits | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
@@ -42,10 +44,12 @@ class LLM:
         on GPU `device` (default 0), its KV cache taking `kv_cache_gib` or
         `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off; `say`
         receives load progress; `interpret` runs a cuda engine on CPU through the Triton
-        interpreter (slow; for tests and debugging without a GPU)."""
+        interpreter (slow; for tests and debugging without a GPU); `constraint_limits` bound
+        the JSON schemas, regexes and grammars of requests (runtime/constraint_limits.py)."""
         self.llm_engine = LLMEngine(engine_dir, num_threads, kv_cache_gib, isa, verify_checksum, seed,
                                     enable_prefix_caching, tp_timeout_s, speculative, device,
-                                    gpu_memory_utilization, enforce_eager, say, interpret)
+                                    gpu_memory_utilization, enforce_eager, say, interpret,
+                                    constraint_limits=constraint_limits)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when this

@@ -30,13 +30,15 @@ from bessemer.runtime.kv_cache import BlockManager
 from bessemer.runtime.model_runner import run_step, run_step_sampled
 from bessemer.runtime.output_processor import OutputProcessor, eos_token_ids
 from bessemer.runtime.outputs import SequenceUpdate
-from bessemer.runtime.sampler import process_logits, sample, top_logprobs
+from bessemer.runtime.sampler import bad_words_token_ids, process_logits, sample, top_logprobs
 from bessemer.runtime.sampling_params import SamplingParams
 from bessemer.runtime.scheduler import ScheduledChunk, Scheduler
 from bessemer.runtime.sequence import ScoreState, Sequence
 from bessemer.runtime.speculative import SpeculativeConfig, make_proposer
 from bessemer.runtime.speculative.rejection import accept_greedy, accept_sampled
-from bessemer.runtime.structured import GrammarCompiler, MaskWorker, apply_mask
+from bessemer.runtime.constraint_limits import ConstraintLimits
+from bessemer.runtime.grammar_compiler import GrammarCompiler
+from bessemer.runtime.structured import ConstraintError, MaskWorker, apply_mask
 from bessemer.runtime.tokenizer import Tokenizer
 from bessemer.targets import RunOptions
 
@@ -63,7 +65,8 @@ class LLMEngine:
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
                  speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 say: Callable[[str], None] | None = None, interpret: bool = False):
+                 say: Callable[[str], None] | None = None, interpret: bool = False,
+                 constraint_limits: ConstraintLimits | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
@@ -71,7 +74,8 @@ class LLMEngine:
         or `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off.
         `say` receives load progress; `interpret` runs a cuda engine's launch list on CPU through
         the Triton interpreter (slow; tests and debugging without a GPU). `speculative`: see
-        runtime/speculative/config.py."""
+        runtime/speculative/config.py. `constraint_limits` bound the JSON schemas, regexes
+        and grammars requests may send (runtime/constraint_limits.py)."""
         self.speculative = SpeculativeConfig.parse(speculative)
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
         self.tp_size = int(self.engine.config.get("mapping", {}).get("tp_size", 1))
@@ -97,7 +101,7 @@ class LLMEngine:
         self.num_steps = 0  # steps that ran a batch
         self.num_draft_tokens = self.num_accepted_tokens = 0
         self.grammars = GrammarCompiler(self.engine.dir / "tokenizer.json", self.vocab_size,
-                                        self.output_processor.eos_ids)
+                                        self.output_processor.eos_ids, constraint_limits)
         self._masks: MaskWorker | None = None
         self.proposer = None
         if self.speculative is not None:
@@ -112,6 +116,7 @@ class LLMEngine:
             close()
         if self._masks is not None:
             self._masks.close()
+        self.grammars.close()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -149,20 +154,54 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the engine allows {self.max_seq_len} "
                 f"(prompt and output); shorten the prompt or rebuild with a larger --max-seq-len")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        self._check_in_vocabulary(token_ids)
+        self._check_in_vocabulary(params.logit_bias or (), " in logit_bias")
+        self._check_in_vocabulary(params.allowed_token_ids or (), " in allowed_token_ids")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > self.vocab_size:
+            raise RequestError(f"prompt_logprobs {params.prompt_logprobs} exceeds the vocabulary "
+                               f"({self.vocab_size} tokens); ask for at most {self.vocab_size}")
         seed = params.seed + index if params.seed is not None else self._seed + self._next_id
         seq = Sequence(self._next_id, list(token_ids), len(token_ids), params, np.random.default_rng(seed),
                        arrival_time=time.perf_counter())
+        seq.bad_words = self._bad_words_token_ids(params)
+        if params.prompt_logprobs is not None and index == 0:  # the request's n sequences share one prompt
+            seq.prompt_logprobs = [None]  # the first token has no context (vLLM)
         self._next_id += 1
         return seq
 
-    def add_request(self, token_ids: list[int], params: SamplingParams, stream: bool = False) -> list[Sequence]:
-        """Queues one prompt; returns its `params.n` sequences (seeds seed, seed+1, ...)."""
+    def _check_in_vocabulary(self, token_ids, where: str = "") -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad}{where} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def _bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
+        """params.bad_words as token sequences (sampler.bad_words_token_ids), tokenized once
+        when the request is added rather than at every step."""
+        if not params.bad_words:
+            return []
+        if not (self.engine.dir / "tokenizer.json").exists():
+            raise RequestError("bad_words needs the engine's tokenizer and this engine has none (no tokenizer.json); "
+                               "ban token ids with logit_bias -100 instead")
+        tokenizer = self.tokenizer
+        words = bad_words_token_ids(params.bad_words, lambda text: tokenizer.encode(text, add_special_tokens=False))
+        for word in words:
+            self._check_in_vocabulary(word, " of bad_words")
+        return words
+
+    def add_request(self, token_ids: list[int], params: SamplingParams, stream: bool = False,
+                    grammars: list | None = None, group: int | None = None) -> list[Sequence]:
+        """Queues one prompt; returns its `params.n` sequences (seeds seed, seed+1, ...).
+        `grammars`: the constraint's n GrammarStates when the caller compiled them already
+        (`self.grammars.submit(params)`, off this thread); else they are compiled here.
+        `group`: the request these sequences belong to, for fair admission (several
+        prompts of one API call share one; default: a group of their own)."""
         seqs = [self._new_sequence(token_ids, params, i) for i in range(params.n)]
-        for seq in seqs:  # a constraint that does not compile fails here, before anything is queued
-            seq.grammar = self.grammars.state(params)
+        for seq in seqs:
+            seq.group = seqs[0].seq_id if group is None else group
+        if grammars is None and params.constrained:  # a constraint that does not compile fails here
+            grammars = self.grammars.states(params)
+        for seq, grammar in zip(seqs, grammars or [None] * len(seqs)):
+            seq.grammar = grammar
         for seq in seqs:
             self.output_processor.start(seq, stream)
             self.scheduler.add(seq)
@@ -213,16 +252,19 @@ class LLMEngine:
         """Whether the executor's device sampler (temperature, top-k, top-p: a cuda engine's
         logits never leave the GPU) gives every token of this step: not when a completing
         sequence needs the logits on the host (penalties, min_p, logprobs, the min_tokens
-        mask, a grammar, drafts to verify, scoring)."""
+        mask, logit_bias, allowed_token_ids, bad_words, a grammar, drafts to verify, scoring,
+        prompt logprobs)."""
         if not getattr(self.executor, "samples_on_device", False):
             return False
         for c in batch:
             seq, p = c.seq, c.seq.params
-            if seq.score is not None or seq.num_draft_tokens or c.num_logits > int(c.completes):
+            if seq.score is not None or seq.needs_prompt_logits or seq.num_draft_tokens \
+                    or c.num_logits > int(c.completes):
                 return False
             if c.completes and (seq.grammar is not None or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                                 or p.frequency_penalty != 0.0 or p.min_p != 0.0 or p.logprobs is not None
-                                or len(seq.output_token_ids) < p.min_tokens):
+                                or len(seq.output_token_ids) < p.min_tokens or p.logit_bias
+                                or p.allowed_token_ids is not None or seq.bad_words):
                 return False
         return True
 
@@ -280,13 +322,17 @@ class LLMEngine:
             if seq.score is not None:
                 self._record_scores(chunk, chunk_logits)
                 continue
-            if not num_logits:
+            if seq.needs_prompt_logits:  # first: afterwards num_logits counts only the row to sample
+                self._record_prompt_logprobs(seq, chunk_logits)
+            if not chunk.completes:
                 self.scheduler.computed(chunk)
                 continue
             try:
                 update, reason = self._advance(chunk, chunk_logits, chunk_sampled, rows, now)
             except Exception as e:  # noqa: BLE001 - this sequence's failure ends this sequence only
-                seq.error = f"{type(e).__name__}: {e}"
+                # a failed constraint is the request's own (its message is for the client)
+                seq.error = str(e) if isinstance(e, ConstraintError) else f"{type(e).__name__}: {e}"
+                seq.error_kind = "constraint" if isinstance(e, ConstraintError) else "internal"
                 update, reason = SequenceUpdate(seq, "", [], None), "error"
             if reason:
                 self._finish(seq, reason)
@@ -324,9 +370,9 @@ class LLMEngine:
         prompt, output = seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids
 
         def logits_at(i: int) -> np.ndarray:  # position i: after drafts[:i] were accepted
-            row = rows[i] if seq.grammar is None else apply_mask(rows[i], seq.grammar.masks[i])
+            row = rows[i] if seq.grammar is None else apply_mask(rows[i], seq.grammar.mask(i))
             return process_logits(row, params, prompt, output + drafts[:i],
-                                  self.output_processor.banned_ids(seq, len(row), i))
+                                  self.output_processor.banned_ids(seq, len(row), i), seq.bad_words)
 
         if not drafts:
             tokens = [sample(logits_at(0), params.temperature, params.top_k, params.top_p, seq.rng, params.min_p)]
@@ -337,6 +383,20 @@ class LLMEngine:
         if params.logprobs is None:
             return tokens, None
         return tokens, [top_logprobs(rows[i], t, params.logprobs) for i, t in enumerate(tokens)]
+
+    @staticmethod
+    def _record_prompt_logprobs(seq: Sequence, logits: np.ndarray) -> None:
+        """logits: (num_tokens, vocab), every row of a chunk from position seq.num_computed on.
+        The row at position i gives prompt token i + 1's entry: its logprob and the top
+        params.prompt_logprobs of the raw distribution (no penalties or bias, as vLLM). A
+        chunk recomputed after a preemption adds only the entries not there yet."""
+        start, entries = seq.num_computed, seq.prompt_logprobs
+        first = len(entries) - 1  # the position whose row gives the next missing entry
+        if first < start:
+            raise RuntimeError(f"prompt logprobs need every prompt row but the chunk starts at {start}, after "
+                               f"position {first}: the prefix cache must not serve this sequence")
+        for i in range(first, min(start + len(logits), seq.num_prompt_tokens - 1)):
+            entries.append(top_logprobs(logits[i - start], seq.token_ids[i + 1], seq.params.prompt_logprobs))
 
     def _record_scores(self, chunk: ScheduledChunk, logits: np.ndarray) -> None:
         seq = chunk.seq

@@ -1,7 +1,7 @@
 """Output processing: what happens to a sampled token. It is appended, the stop checks
 run (stop tokens and EOS, min/max tokens, the engine's max_seq_len, stop strings), the
-text grows by a delta that never splits a character or leaks a stop string, and finished
-sequences become RequestOutputs.
+text grows by a delta that never splits a character or leaks a stop string (unless
+include_stop_str_in_output keeps it), and finished sequences become RequestOutputs.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class OutputProcessor:
         """Prepares a new sequence: text is kept while generating when it is streamed or
         when stop strings must be found in it."""
         if stream or seq.params.stop_strings:
-            seq.detok = IncrementalDetokenizer(self._tokenizer())
+            seq.detok = IncrementalDetokenizer(self._tokenizer(), seq.params.skip_special_tokens)
 
     def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None,
                now: float) -> tuple[SequenceUpdate, str | None]:
@@ -85,17 +85,24 @@ class OutputProcessor:
             return "length"
         return None
 
+    def _text_ids(self, seq: Sequence, reason: str | None) -> list[int]:
+        """The output tokens the text is made of: a stop token that ended the sequence is
+        not one of them unless include_stop_str_in_output (vLLM)."""
+        ids = seq.output_token_ids
+        if reason == "stop" and ids and ids[-1] in self.stop_ids(seq.params) \
+                and not seq.params.include_stop_str_in_output:
+            return ids[:-1]
+        return ids
+
     def _grow_text(self, seq: Sequence, token: int, reason: str | None) -> tuple[str, str | None]:
-        out_ids = seq.output_token_ids
-        if reason == "stop" and token in self.stop_ids(seq.params):
-            out_ids = out_ids[:-1]  # the stop token is not part of the text
-        delta = seq.detok.update(out_ids)
+        delta = seq.detok.update(self._text_ids(seq, reason))
         text = seq.detok.text
         for stop in seq.params.stop_strings:
             cut = text.find(stop)
-            if cut >= 0:  # never leak the stop string, even across deltas
-                delta = delta[: max(0, len(delta) - (len(text) - cut))]
-                text, reason = text[:cut], "stop"
+            if cut >= 0:  # the text ends before the stop string, or after it when it is kept
+                end = cut + len(stop) if seq.params.include_stop_str_in_output else cut
+                delta = delta[: max(0, len(delta) - (len(text) - end))]
+                text, reason = text[:end], "stop"
                 break
         seq.text = text
         return delta, reason
@@ -105,11 +112,13 @@ class OutputProcessor:
         for i, seq in enumerate(group):
             ids = seq.output_token_ids
             text = seq.text
-            if text is None:
-                text = self._tokenizer().decode(ids) if self._tokenizer is not None else ""
-            completions.append(CompletionOutput(i, text, ids, seq.logprobs if seq.params.logprobs is not None else None,
+            if text is None and self._tokenizer is not None:
+                text = self._tokenizer().decode(self._text_ids(seq, seq.finish_reason), seq.params.skip_special_tokens)
+            completions.append(CompletionOutput(i, text or "", ids,
+                                                seq.logprobs if seq.params.logprobs is not None else None,
                                                 seq.finish_reason, seq.error))
         first = group[0]
         metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
                    "last_token_time": first.last_token_time}
-        return RequestOutput(first.seq_id, prompt, first.token_ids[:first.num_prompt_tokens], completions, metrics)
+        return RequestOutput(first.seq_id, prompt, first.token_ids[:first.num_prompt_tokens], completions, metrics,
+                             first.prompt_logprobs)

@@ -35,6 +35,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     metrics: dict = field(default_factory=dict)  # arrival/first/last token times (perf_counter)
+    # SamplingParams.prompt_logprobs: per prompt token {token: logprob} of its own and the
+    # top-k tokens given the tokens before it; None for the first token (it has no context)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     # vLLM keeps results under .outputs; the common single-sample case reads them directly.
     @property

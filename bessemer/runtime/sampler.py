@@ -1,8 +1,11 @@
 """Sampling over one row of logits, seeded per request, with the vLLM/OpenAI controls.
 
-Order (as vLLM): penalties on the raw logits (repetition on prompt and output tokens,
-presence and frequency on output tokens), the min_tokens mask on stop tokens, then
-greedy, or temperature -> top-k -> top-p -> min-p -> draw. NumPy only: the full-vocabulary
+Order (as vLLM): logit_bias added to the raw logits, then the penalties (repetition on
+prompt and output tokens, presence and frequency on output tokens), then the masks that set
+tokens to -inf (those outside allowed_token_ids, bad words, stop tokens before min_tokens),
+then greedy, or temperature -> top-k -> top-p -> min-p -> draw. vLLM masks first; a -inf
+stays -inf under bias and penalties, so the one order that changes results is the bias's
+before the penalties (repetition divides a biased logit). NumPy only: the full-vocabulary
 work is one partition for top-k and one sort of the surviving candidates.
 """
 
@@ -33,16 +36,65 @@ def apply_penalties(logits: np.ndarray, prompt_ids: list[int], output_ids: list[
     return out
 
 
+def apply_bias(logits: np.ndarray, bias: dict[int, float] | None) -> np.ndarray:
+    """logits: (vocab,). Returns a copy with `bias` ({token: value}) added (or the input when
+    there is none)."""
+    if not bias:
+        return logits
+    out = logits.astype(np.float32, copy=True)
+    out[np.fromiter(bias.keys(), np.int64, len(bias))] += np.fromiter(bias.values(), np.float32, len(bias))
+    return out
+
+
+def bad_words_token_ids(words: list[str], encode) -> list[list[int]]:
+    """vLLM's token sequences of `bad_words`: each word with its leading spaces stripped, and
+    also after one space (the word inside a text) when that starts with another token and
+    has as many tokens. `encode(text)` -> ids, without special tokens."""
+    out = []
+    for word in words:
+        alone, spaced = encode(word.lstrip()), encode(" " + word.lstrip())
+        out.append(alone)
+        if spaced and alone and spaced[0] != alone[0] and len(spaced) == len(alone):
+            out.append(spaced)
+    return [ids for ids in out if ids]
+
+
+def bad_word_bans(bad_words: list[list[int]], output_ids: list[int]) -> list[int]:
+    """The tokens bad words forbid next (vLLM's rule): a word's last token when the output
+    so far ends with its other tokens (a one-token word: always). Only the output counts,
+    not the prompt."""
+    bans = []
+    for word in bad_words:
+        prefix = word[:-1]
+        if len(prefix) <= len(output_ids) and output_ids[len(output_ids) - len(prefix):] == prefix:
+            bans.append(word[-1])
+    return bans
+
+
 def process_logits(logits: np.ndarray, params, prompt_ids: list[int], output_ids: list[int],
-                   banned: list[int]) -> np.ndarray:
-    """One sequence's logits as sampling sees them: penalties, then `banned` tokens (stop
-    tokens before min_tokens) at -inf. logits: (vocab,) raw; `params` a SamplingParams.
-    Returns the input itself when nothing applies."""
-    x = apply_penalties(logits, prompt_ids, output_ids, params.repetition_penalty, params.presence_penalty,
+                   banned: list[int], bad_words: list[list[int]] = ()) -> np.ndarray:
+    """One sequence's logits as sampling sees them, in the module docstring's order: bias,
+    penalties, then tokens outside allowed_token_ids, bad words and `banned` (stop tokens
+    before min_tokens) at -inf. logits: (vocab,) raw; `params` a SamplingParams;
+    `bad_words` the token sequences of params.bad_words (bad_words_token_ids). Returns the
+    input itself when nothing applies."""
+    x = apply_bias(logits, params.logit_bias)
+    x = apply_penalties(x, prompt_ids, output_ids, params.repetition_penalty, params.presence_penalty,
                         params.frequency_penalty)
-    if banned:
-        x = x.copy() if x is logits else x
-        x[banned] = -np.inf
+    banned = list(banned) + bad_word_bans(bad_words, output_ids)
+    if params.allowed_token_ids is None and not banned:
+        return x
+    if params.allowed_token_ids is not None:
+        allowed = np.asarray(params.allowed_token_ids, dtype=np.int64)
+        only = np.full_like(x, -np.inf)  # a new array: x is never written
+        only[allowed] = x[allowed]
+        x = only
+    elif x is logits:
+        x = x.copy()
+    x[banned] = -np.inf
+    if not np.isfinite(x).any():  # greedy would pick token 0, a draw would divide by zero
+        raise ValueError("every token is excluded by allowed_token_ids, bad_words, the stop tokens masked "
+                         "until min_tokens and the output constraint; allow more tokens or lower min_tokens")
     return x
 
 

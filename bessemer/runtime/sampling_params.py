@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from bessemer.errors import InvalidOptionError
 
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-INT_FIELDS = ("max_tokens", "top_k", "seed", "logprobs", "min_tokens", "n")
+INT_FIELDS = ("max_tokens", "top_k", "seed", "logprobs", "min_tokens", "n", "prompt_logprobs")
+BOOL_FIELDS = ("include_stop_str_in_output", "skip_special_tokens")
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,15 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     min_tokens: int = 0  # stop tokens are masked until this many tokens are generated
     n: int = 1  # completions per prompt (seeds seed, seed+1, ...)
+    # Logit controls (sampler.process_logits; ids are checked against the vocabulary when
+    # the request is added to the engine)
+    logit_bias: dict[int, float] | None = None  # {token id: value in [-100, 100]} added to the raw logits
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # words never generated (tokenized when the request is added)
+    # Text
+    include_stop_str_in_output: bool = False  # the text keeps the stop string (or stop token) that ended it
+    skip_special_tokens: bool = True  # the text leaves out special tokens (EOS, chat markers)
+    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top-k (first token: None)
     # Structured output (at most one; runtime/structured.py): the text must match
     json_schema: dict | str | None = None  # a JSON schema ({"type": "object"}: any JSON object)
     regex: str | None = None  # a regular expression (the whole output)
@@ -48,6 +59,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InvalidOptionError(f"{name} must be an integer, got {value!r}")
+        for name in BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidOptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidOptionError(f"seed must be in [0, 2^63), got {self.seed}")
         if any(s == "" for s in self.stop_strings):
@@ -60,8 +74,9 @@ class SamplingParams:
             raise InvalidOptionError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise InvalidOptionError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise InvalidOptionError(f"logprobs must be >= 0, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise InvalidOptionError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.min_p <= 1:
             raise InvalidOptionError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
@@ -72,9 +87,36 @@ class SamplingParams:
             raise InvalidOptionError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidOptionError(f"n must be a positive integer, got {self.n}")
+        self._check_logit_controls()
         constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
         if len(constraints) > 1:
             raise InvalidOptionError(f"give at most one of json_schema, regex and grammar, got {' and '.join(constraints)}")
+
+    def _check_logit_controls(self) -> None:
+        """logit_bias, allowed_token_ids and bad_words: types and ranges (the vocabulary is
+        the engine's to check)."""
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise InvalidOptionError("logit_bias must be a dict of token id -> bias, got a "
+                                         f"{type(self.logit_bias).__name__}")
+            for token, bias in self.logit_bias.items():
+                _check_token_id("logit_bias", token)
+                if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
+                        or abs(bias) > MAX_LOGIT_BIAS:
+                    raise InvalidOptionError(f"logit_bias of token {token} must be a number in "
+                                             f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r}")
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
+                raise InvalidOptionError("allowed_token_ids must be a non-empty list of token ids (an empty one "
+                                         "allows nothing)")
+            for token in self.allowed_token_ids:
+                _check_token_id("allowed_token_ids", token)
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, (list, tuple)):
+                raise InvalidOptionError(f"bad_words must be a list of words, got a {type(self.bad_words).__name__}")
+            for word in self.bad_words:
+                if not isinstance(word, str) or not word.strip():
+                    raise InvalidOptionError(f"bad_words must hold non-blank strings, got {word!r}")
 
     @property
     def constrained(self) -> bool:
@@ -85,3 +127,8 @@ class SamplingParams:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+def _check_token_id(field: str, token) -> None:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise InvalidOptionError(f"{field} holds {token!r}, which is not a token id (an integer >= 0)")

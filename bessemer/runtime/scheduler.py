@@ -1,6 +1,8 @@
 """Scheduler: which sequences run in the next step, and how many of their tokens.
 
-FCFS under two budgets: tokens per step (`max_num_tokens`, so a long prompt is prefilled
+Running sequences first, then waiting ones admitted round-robin across requests
+(runtime/fair_queue.py: one request's thousands of prompts cannot keep another's waiting),
+under two budgets: tokens per step (`max_num_tokens`, so a long prompt is prefilled
 in chunks) and sequences per step (`max_batch_size`). Running sequences go first (their
 decode token or next prefill chunk), then waiting ones are admitted while blocks last.
 When the KV pool runs dry, the newest running sequence is preempted: its blocks are
@@ -8,14 +10,15 @@ freed and it is recomputed later from its tokens, so outputs are unchanged.
 
 Scoring is a policy of the same loop, not a second scheduler: a scored sequence limits
 its chunks (ScoreState.chunk_limit), wants the logits of every row, and neither reads nor
-fills the prefix cache.
+fills the prefix cache. A prompt whose logprobs are asked for (prompt_logprobs) also wants
+every row and reads nothing from the cache until they are computed.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
+from bessemer.runtime.fair_queue import FairQueue
 from bessemer.runtime.kv_cache import BlockManager
 from bessemer.runtime.sequence import Sequence
 
@@ -33,8 +36,9 @@ class ScheduledChunk:
     @property
     def num_logits(self) -> int:
         """Rows of this chunk whose logits the step must return (its last ones): a
-        decode row and one per draft token it verifies."""
-        if self.seq.score is not None:
+        decode row and one per draft token it verifies; every row of a scored sequence
+        and of a prompt whose logprobs are asked for."""
+        if self.seq.score is not None or self.seq.needs_prompt_logits:
             return self.num_tokens
         return 1 + self.seq.num_draft_tokens if self.completes else 0
 
@@ -44,7 +48,7 @@ class Scheduler:
         self.blocks = blocks
         self.max_num_tokens = max_num_tokens
         self.max_batch_size = max_batch_size
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -65,12 +69,16 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_num_tokens
         batch: list[ScheduledChunk] = []
+        share = self._group_share()
+        used: dict[int, int] = {}  # group -> tokens it was given in this step
         for seq in list(self.running):
             if seq not in self.running:  # preempted for an older sequence in this loop
                 continue
-            n = self._chunk_size(seq, budget)
-            if n == 0:
+            if budget == 0:
                 break
+            n = self._chunk_size(seq, self._group_budget(seq, budget, share, used))
+            if n == 0:  # its request had its share of this step
+                continue
             while not self.blocks.can_allocate(seq.block_table, seq.num_computed + n):
                 victim = self.running[-1]
                 if victim is seq:
@@ -82,22 +90,45 @@ class Scheduler:
             self.blocks.allocate(seq.block_table, seq.num_computed + n)
             batch.append(ScheduledChunk(seq, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
-            seq = self.waiting[0]
+            used[seq.group] = used.get(seq.group, 0) + n
+        full: set[int] = set()  # groups that had their share of this step
+        while budget > 0 and len(self.running) < self.max_batch_size:
+            seq = self.waiting.peek(skip=full)
+            if seq is None:
+                break
             if seq.num_computed == 0 and seq.uses_prefix_cache:
                 self._reuse_cached_prefix(seq)
-            n = self._chunk_size(seq, budget)
+            n = self._chunk_size(seq, self._group_budget(seq, budget, share, used))
+            if n == 0:
+                full.add(seq.group)
+                continue
             if not self.blocks.can_allocate(seq.block_table, seq.num_computed + n):
                 self.blocks.free(seq.block_table)  # give the shared prefix back while waiting
                 seq.num_computed = 0
                 seq.block_keys.clear()
                 break
-            self.waiting.popleft()
+            self.waiting.take(seq)
             self.blocks.allocate(seq.block_table, seq.num_computed + n)
             self.running.append(seq)
             batch.append(ScheduledChunk(seq, n))
             budget -= n
+            used[seq.group] = used.get(seq.group, 0) + n
         return batch
+
+    def _group_share(self) -> int:
+        """The tokens one request (group) may take in a step: all of them when it is alone,
+        half while other requests have work, so its prefills cannot fill every step while
+        another request's tokens wait."""
+        groups = {s.group for s in self.running} | self.waiting.group_ids()
+        return self.max_num_tokens if len(groups) <= 1 else max(1, self.max_num_tokens // 2)
+
+    @staticmethod
+    def _group_budget(seq: Sequence, budget: int, share: int, used: dict[int, int]) -> int:
+        """What `seq` may take of `budget`: a decode row always fits, prefill chunks only
+        within its group's share."""
+        if seq.num_pending <= 1:
+            return budget
+        return min(budget, max(0, share - used.get(seq.group, 0)))
 
     @staticmethod
     def _chunk_size(seq: Sequence, budget: int) -> int:

@@ -45,6 +45,8 @@ class Sequence:
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length", "abort", or "error" (then `error` says why)
     error: str | None = None  # why this sequence failed inside a step (the others went on)
+    error_kind: str | None = None  # "constraint" (its constraint failed: the request's) or "internal"
+    group: int = 0  # the request it belongs to (fair admission, runtime/fair_queue.py)
     detok: object = None  # IncrementalDetokenizer when text is needed while generating
     text: str | None = None
     score: ScoreState | None = None  # set for a scored (not generated) sequence
@@ -53,6 +55,10 @@ class Sequence:
     num_draft_tokens: int = 0
     draft_dists: list | None = None
     grammar: object = None  # structured.GrammarState of a constrained sequence
+    bad_words: list[list[int]] = field(default_factory=list)  # params.bad_words as token sequences
+    # params.prompt_logprobs: one entry per prompt token computed so far (the first is None);
+    # None when this sequence does not report them (not asked, or not the first of its n)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     arrival_time: float = 0.0
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -66,7 +72,13 @@ class Sequence:
         return len(self.token_ids) - self.num_computed
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """Its prompt logprobs are not all computed: every row of its chunks is needed."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    @property
     def uses_prefix_cache(self) -> bool:
-        """Scored sequences need logits at every position, so none of their tokens may come
-        from the cache, and they leave nothing in it (the cache serves generation)."""
-        return self.score is None
+        """Scored sequences, and generated ones until their prompt logprobs are computed,
+        need logits at every position, so none of their tokens may come from the cache.
+        Scored ones leave nothing in it (the cache serves generation)."""
+        return self.score is None and not self.needs_prompt_logits

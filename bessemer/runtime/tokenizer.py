@@ -124,7 +124,9 @@ class Tokenizer:
         return "tools" in meta.find_undeclared_variables(parsed)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """`template_kwargs`: more variables for the template (vLLM's chat_template_kwargs,
+        e.g. enable_thinking)."""
         if not self.chat_template:
             raise RequestError("this engine's tokenizer has no chat template; use plain prompts (without --chat)")
         if tools and not self.supports_tools:
@@ -146,23 +148,26 @@ class Tokenizer:
         except jinja2.TemplateError as e:
             raise RequestError(f"the engine's chat template does not parse ({e})") from None
         extra = {"tools": tools} if tools else {}
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        return template.render(**(template_kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+                    template_kwargs: dict | None = None) -> list[int]:
         # the template already holds the special tokens it wants (as transformers encodes it)
-        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, template_kwargs)
+        return self.encode(text, add_special_tokens=False)
 
 
 class IncrementalDetokenizer:
     """Text of a growing token list, emitted as deltas that never split a UTF-8 character."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.text = ""
 
     def update(self, token_ids: list[int]) -> str:
-        text = self.tokenizer.decode(token_ids)
+        text = self.tokenizer.decode(token_ids, self.skip_special_tokens)
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more tokens
             return ""
         delta = text[len(self.text):] if text.startswith(self.text) else text

@@ -124,55 +124,102 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         return req
 
     async def start(prompts: list[list[int]], params) -> list[RequestStream]:
-        streams: list[RequestStream] = []
-        try:
-            for ids in prompts:
-                streams.append(await engine.add_request(ids, params))
-        except BaseException:  # one bad prompt of several: drop the ones already queued
-            for s in streams:
-                s.abort()
-            raise
+        """Queues a request's prompts in one engine command (all or none)."""
+        streams = await engine.add_requests(prompts, params)
         for ids in prompts:
             metrics.request_started(len(ids))
         return streams
+
+    def check_prompts(prompts: list[list[int]], max_tokens: int | None) -> None:
+        total = sum(len(p) for p in prompts)
+        if total > limits.max_prompt_tokens:
+            raise P.ApiError(400, f"the request's prompts hold {total} tokens together, over this server's limit of "
+                                  f"{limits.max_prompt_tokens} (--max-prompt-tokens); split the request", param="prompt")
+        if max_tokens is not None:
+            for ids in prompts:
+                P.check_context(len(ids), max_tokens, engine.llm.max_seq_len)
 
     def head(rid: str, obj: str, choices: list, **extra) -> dict:
         return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
                 "choices": choices, **extra}
 
+    def finish(choice: dict, finish_reason: str | None, error: str | None) -> dict:
+        """A choice's end: a constraint that failed ends it with finish_reason "error" and
+        says why, in the OpenAI error shape."""
+        choice["finish_reason"] = finish_reason
+        if error is not None:
+            choice["error"] = P.error_body(error, "constraint_error")["error"]
+        return choice
+
+    def request_id(req, prefix: str) -> str:
+        return req.request_id or f"{prefix}-{uuid.uuid4().hex}"
+
     @app.post("/v1/completions", **v1)
     async def completions(request: Request):
         req: P.CompletionRequest = await read(request, P.CompletionRequest)
+        texts = req.prompts()
+        if len(texts) > limits.max_prompts:
+            raise P.ApiError(400, f"the request has {len(texts)} prompts, over this server's limit of "
+                                  f"{limits.max_prompts} (--max-prompts); split it", param="prompt")
         # tokenizing a long prompt takes seconds: off the event loop, so /health and the
         # other connections keep being served meanwhile
-        for p in req.prompts():
-            if isinstance(p, str):
+        for p in texts:
+            if isinstance(p, str) and req.truncate_prompt_tokens is None:
                 tokenizer.check_length(p, engine.llm.max_seq_len)
-        prompts = await asyncio.to_thread(lambda: [tokenizer.encode(p) if isinstance(p, str) else p
-                                                   for p in req.prompts()])
-        params = req.sampling_params(req.max_tokens, req.logprobs)
+        prompts = await asyncio.to_thread(lambda: [
+            req.truncate(tokenizer.encode(p) if isinstance(p, str) else p)
+            for p in texts])
+        check_prompts(prompts, req.max_tokens)
+        # echo with logprobs: the prompt's tokens come back with their logprobs too
+        echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
+        params = req.sampling_params(req.max_tokens, req.logprobs, prompt_logprobs=echo_logprobs)
         streams = await start(prompts, params)
-        rid, num_prompt = f"cmpl-{uuid.uuid4().hex}", sum(len(p) for p in prompts)
+        rid, num_prompt = request_id(req, "cmpl"), sum(len(p) for p in prompts)
 
         def logprobs(entries, token_ids, offset):
             if req.logprobs is None:
                 return None
             return P.completion_logprobs(entries, token_ids, req.logprobs, decode_token, offset)
 
+        def echoed(i: int) -> tuple[str, list[int]]:
+            ids = prompts[i // params.n]
+            return tokenizer.decode(ids, skip_special_tokens=False), ids
+
+        def prompt_entries(prompt_logprobs, ids) -> list:
+            # the first prompt token has no logprob (nothing before it): OpenAI sends null
+            return [e if e is not None else {ids[0]: None} for e in prompt_logprobs]
+
         if req.stream:
             async def chunks():
                 offsets: dict[int, int] = {}  # text_offset continues across chunks
+                if req.echo:  # the prompt first, as its own chunk per choice
+                    for i in range(len(prompts) * params.n):
+                        text, _ = echoed(i)
+                        offsets[i] = len(text)
+                        yield head(rid, "text_completion", [{"index": i, "text": text, "logprobs": None,
+                                                             "finish_reason": None}]), 0
                 async for i, d in events(streams, params.n, metrics):
                     lp = logprobs(d.logprobs, d.token_ids, offsets.get(i, 0)) if d.logprobs else None
                     offsets[i] = offsets.get(i, 0) + len(d.text)
-                    choice = {"index": i, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
-                    yield head(rid, "text_completion", [choice]), len(d.token_ids)
+                    choice = {"index": i, "text": d.text, "logprobs": lp}
+                    yield head(rid, "text_completion", [finish(choice, d.finish_reason, d.error)]), len(d.token_ids)
 
             return sse(chunks(), lambda u: head(rid, "text_completion", [], usage=u), num_prompt, req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
-        choices = [{"index": i, "text": c.text, "logprobs": logprobs(c.logprobs, c.token_ids, 0),
-                    "finish_reason": c.finish_reason} for i, c in enumerate(result.choices)]
+        choices = []
+        for i, c in enumerate(result.choices):
+            text, entries, ids = c.text, c.logprobs, c.token_ids
+            if req.echo:
+                prompt_text, prompt_ids = echoed(i)
+                text = prompt_text + text
+                if echo_logprobs is not None:
+                    entries, ids = prompt_entries(result.prompt_logprobs[i // params.n], prompt_ids) + entries, \
+                        prompt_ids + ids
+            choice = {"index": i, "text": text, "logprobs": logprobs(entries, ids, 0)}
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = P.prompt_logprobs_json(result.prompt_logprobs[i // params.n])
+            choices.append(finish(choice, c.finish_reason, c.error))
         return head(rid, "text_completion", choices, usage=P.usage(num_prompt, result.num_output_tokens))
 
     @app.post("/v1/chat/completions", **v1)
@@ -181,19 +228,29 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         messages = [m.as_template_input() for m in req.messages]
         tokenizer.check_length("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
                                engine.llm.max_seq_len)
-        prompt = await asyncio.to_thread(tokenizer.encode_chat, messages, tools=req.template_tools())
+        prompt = await asyncio.to_thread(tokenizer.encode_chat, messages, req.template_tools(),
+                                         req.add_generation_prompt, req.template_kwargs())
+        prompt = req.truncate(prompt)
+        check_prompts([prompt], req.max_completion_tokens or req.max_tokens)
         k = req.num_logprobs()
-        forced = req.tool_call_schema()  # "required" or a named function: the output is the call
-        params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, json_schema=forced)
+        forced = req.forced_call()  # "required" or a named function: the output is the call
+        if forced is not None and req.response_format is not None and req.response_format.type != "text":
+            raise P.ApiError(400, "response_format and a forced tool call (tool_choice) both constrain the output; "
+                                  "give one of them", param="response_format")
+        if req.tools and req.tool_choice != "none" and forced is None and req.constraints():
+            raise P.ApiError(400, f"{req.constraints()[0][0]} constrains the output, so the model could not call "
+                                  "the tools it is given; send tool_choice 'none', or leave the constraint out",
+                             param=req.constraints()[0][0])
+        params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, forced)
         parse_calls = bool(req.tools) and req.tool_choice != "none"
         streams = await start([prompt], params)
-        rid, chunk = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion.chunk"
+        rid, chunk = request_id(req, "chatcmpl"), "chat.completion.chunk"
 
         def logprobs(entries, token_ids):
             return None if k is None else P.chat_logprobs(entries, token_ids, k, decode_token)
 
         def message(text: str) -> tuple[dict, bool]:
-            calls = P.tool_calls(text, forced is not None) if parse_calls else None
+            calls = P.tool_calls(text, forced is not None, req.parallel_tool_calls is not False) if parse_calls else None
             if calls:
                 return {"role": "assistant", "content": None, "tool_calls": calls}, True
             return {"role": "assistant", "content": text}, False
@@ -211,24 +268,26 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                             continue
                         msg, called = message(texts[i])
                         delta = {"tool_calls": [{"index": j, **c} for j, c in enumerate(msg.get("tool_calls") or [])]}
-                        choice = {"index": i, "delta": delta if called else {"content": texts[i]}, "logprobs": None,
-                                  "finish_reason": "tool_calls" if called else d.finish_reason}
-                        yield head(rid, chunk, [choice]), len(d.token_ids)
+                        choice = {"index": i, "delta": delta if called else {"content": texts[i]}, "logprobs": None}
+                        yield head(rid, chunk, [finish(choice, "tool_calls" if called else d.finish_reason,
+                                                       d.error)]), len(d.token_ids)
                         continue
                     choice = {"index": i, "delta": {"content": d.text} if d.text else {},
-                              "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None,
-                              "finish_reason": d.finish_reason}
-                    yield head(rid, chunk, [choice]), len(d.token_ids)
+                              "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None}
+                    yield head(rid, chunk, [finish(choice, d.finish_reason, d.error)]), len(d.token_ids)
 
             return sse(chunks(), lambda u: head(rid, chunk, [], usage=u), len(prompt), req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
         choices = []
         for i, c in enumerate(result.choices):
-            msg, called = message(c.text)
-            choices.append({"index": i, "message": msg, "logprobs": logprobs(c.logprobs, c.token_ids),
-                            "finish_reason": "tool_calls" if called else c.finish_reason})
-        return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens))
+            msg, called = message(c.text) if c.error is None else ({"role": "assistant", "content": c.text}, False)
+            choice = {"index": i, "message": msg, "logprobs": logprobs(c.logprobs, c.token_ids)}
+            choices.append(finish(choice, "tool_calls" if called else c.finish_reason, c.error))
+        extra = {}
+        if req.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = P.prompt_logprobs_json(result.prompt_logprobs[0])
+        return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens), **extra)
 
     def sse(chunks, usage_chunk, num_prompt_tokens: int, include_usage: bool):
         """`chunks` yields (chunk, new token count); closing it (client gone) aborts."""

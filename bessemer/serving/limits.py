@@ -19,9 +19,13 @@ class ServerLimits:
     header_timeout_s: float = 10.0  # for the request line and headers to arrive
     max_header_bytes: int = 64 * 1024  # request line and headers together
     max_n: int = 64  # completions per prompt (`n`)
+    # one request's prompts: how many (a completions prompt list) and their tokens together,
+    # so that no request can fill the queue by itself (fair admission does the rest)
+    max_prompts: int = 1024
+    max_prompt_tokens: int = 2**20
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "max_header_bytes", "max_n"):
+        for name in ("max_body_bytes", "max_header_bytes", "max_n", "max_prompts", "max_prompt_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidOptionError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")

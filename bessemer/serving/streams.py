@@ -59,6 +59,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None  # why a constraint ended it (finish_reason "error")
 
     @property
     def text(self) -> str:
@@ -71,6 +72,7 @@ class Collected:
     streaming client would join them."""
 
     choices: list[Choice]
+    prompt_logprobs: dict[int, list] = field(default_factory=dict)  # prompt index -> its entries, if asked
 
     @property
     def num_output_tokens(self) -> int:
@@ -79,6 +81,7 @@ class Collected:
     @classmethod
     async def gather(cls, streams: list[RequestStream], n: int, metrics: ServerMetrics) -> Collected:
         choices = [Choice() for _ in range(len(streams) * n)]
+        prompt_logprobs: dict[int, list] = {}
         gen = events(streams, n, metrics)
         try:
             async for i, d in gen:
@@ -87,6 +90,9 @@ class Collected:
                 c.token_ids += d.token_ids
                 c.logprobs += d.logprobs or []
                 c.finish_reason = d.finish_reason or c.finish_reason
+                c.error = d.error or c.error
+                if d.prompt_logprobs is not None:
+                    prompt_logprobs[i // n] = d.prompt_logprobs
         finally:
             await gen.aclose()
-        return cls(choices)
+        return cls(choices, prompt_logprobs)
