@@ -13,10 +13,12 @@ import pytest
 from bessemer.errors import EngineLoadError, InvalidOptionError
 from bessemer.runtime.llm import LLM, SamplingParams
 from bessemer.runtime.sampler import distribution
+from bessemer.runtime.speculative.config import MAX_NGRAM
 from bessemer.runtime.speculative.ngram import lookup
 from bessemer.runtime.speculative.rejection import accept_sampled
 
 from conftest import make_tiny_checkpoint
+from test_cli import assert_clean_error, run
 
 
 def mixed_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
@@ -37,6 +39,40 @@ def test_ngram_lookup_takes_the_latest_longest_match():
     assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 3, 1, 3) == [7, 5, 1]
     assert lookup([4, 1, 2, 8, 2], 2, 1, 3) == [8, 2]  # falls back to the 1-gram [2]
     assert lookup([1, 2, 3], 4, 1, 3) == []
+
+
+def brute_force_lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
+    """The definition, one window at a time: the longest suffix first, its latest earlier start."""
+    for n in range(min(ngram_max, len(tokens) - 1), ngram_min - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[len(tokens) - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_ngram_lookup_equals_the_definition_on_repetitive_sequences():
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        tokens = rng.integers(0, 3, size=int(rng.integers(1, 80))).tolist()  # 3 symbols: long matches
+        ngram_min = int(rng.integers(1, 4))
+        ngram_max = int(rng.integers(ngram_min, MAX_NGRAM + 1))
+        assert lookup(tokens, 4, ngram_min, ngram_max) == brute_force_lookup(tokens, 4, ngram_min, ngram_max)
+
+
+def test_ngram_max_is_bounded_through_the_api_and_the_cli(tiny_engine):
+    engine = tiny_engine("llama-untied")
+    bound = rf"must be an integer in 1\.\.{MAX_NGRAM}"
+    with pytest.raises(InvalidOptionError, match=r"ngram_max \(--ngram-max\) " + bound):
+        LLM(engine, num_threads=2, speculative={"method": "ngram", "ngram_max": MAX_NGRAM + 1})
+    with pytest.raises(InvalidOptionError, match="ngram_min " + bound):
+        LLM(engine, num_threads=2, speculative={"method": "ngram", "ngram_min": 10**6, "ngram_max": 10**6})
+    prompt = [5, 6, 7] * 30
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    ref = LLM(engine, num_threads=2).generate([prompt], params)[0]
+    spec = LLM(engine, num_threads=2, speculative={"method": "ngram", "ngram_max": MAX_NGRAM})  # the bound itself
+    assert spec.generate([prompt], params)[0].token_ids == ref.token_ids
+    proc = run("run-engine", str(engine), "--prompt", "x", "--speculative", "ngram", "--ngram-max", str(10**6))
+    assert_clean_error(proc, "--ngram-max", f"1..{MAX_NGRAM}")
 
 
 def test_ngram_greedy_equals_plain_decoding_in_mixed_batches(tiny_engine):

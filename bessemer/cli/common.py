@@ -86,7 +86,7 @@ def speculative_options(fn):
         click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
                      help="Draft tokens verified per step."),
         click.option("--ngram-max", type=int, default=4, show_default=True,
-                     help="Longest suffix prompt lookup searches for."),
+                     help="Longest suffix prompt lookup searches for (1..64)."),
     ]
     for option in reversed(options):
         fn = option(fn)

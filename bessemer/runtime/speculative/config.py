@@ -12,13 +12,17 @@ from dataclasses import dataclass, fields
 from bessemer.errors import InvalidOptionError
 
 METHODS = ("ngram", "draft")
+# The longest n-gram prompt lookup may search for. Matches longer than a few tokens add
+# almost nothing (vLLM's prompt_lookup_max defaults to 5), while each extra length is one
+# more filtering pass over the sequence's earlier occurrences in every step.
+MAX_NGRAM = 64
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"  # "ngram": prompt lookup, no model; "draft": a draft engine
     num_tokens: int = 4  # k: draft tokens verified per target step
-    ngram_max: int = 4  # ngram: the longest suffix looked up in the sequence's earlier tokens
+    ngram_max: int = 4  # ngram: the longest suffix looked up in the sequence's earlier tokens (<= MAX_NGRAM)
     ngram_min: int = 1  # ngram: the shortest
     draft_engine: str | None = None  # draft: the engine directory (same tokenizer as the target)
 
@@ -27,8 +31,12 @@ class SpeculativeConfig:
             raise InvalidOptionError(f"speculative method {self.method!r} is unknown; use one of {', '.join(METHODS)}")
         if not isinstance(self.num_tokens, int) or not 1 <= self.num_tokens <= 16:
             raise InvalidOptionError(f"speculative num_tokens must be an integer in 1..16, got {self.num_tokens!r}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise InvalidOptionError(f"ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max, "
+        for name, value in (("ngram_min", self.ngram_min), ("ngram_max (--ngram-max)", self.ngram_max)):
+            if not isinstance(value, int) or not 1 <= value <= MAX_NGRAM:
+                raise InvalidOptionError(f"speculative {name} must be an integer in 1..{MAX_NGRAM} (longer "
+                                         f"n-grams rarely match and cost time every step), got {value!r}")
+        if self.ngram_min > self.ngram_max:
+            raise InvalidOptionError(f"ngram_min and ngram_max must satisfy ngram_min <= ngram_max, "
                                      f"got {self.ngram_min} and {self.ngram_max}")
         if (self.method == "draft") != (self.draft_engine is not None):
             raise InvalidOptionError("a draft engine goes with method 'draft' and only with it: pass "

@@ -4,11 +4,18 @@ w4a16 build of the target, or a smaller model of its family) proposes k tokens p
 The draft engine keeps its own executor, KV pool and block manager, and one mirror
 Sequence per target sequence. Before drafting, a mirror is synced to its target: the KV
 of tokens the target rejected is dropped (the mirror's computed prefix is cut back to
-what both sequences share); then it catches up on the tokens it has not seen (the whole
-prompt the first time, chunked by the draft's token budget) and drafts k tokens, one
-decode step of the draft engine each, all drafting sequences batched. Greedy targets get
-the draft's argmax; sampled ones a draw from the draft's distribution q (temperature,
-top-k/p, min-p; no penalties), which the rejection rule needs.
+what both sequences share); then it catches up on the tokens it has not seen and drafts
+k tokens, one decode step of the draft engine each, all drafting sequences batched.
+Greedy targets get the draft's argmax; sampled ones a draw from the draft's distribution
+q (temperature, top-k/p, min-p; no penalties), which the rejection rule needs.
+
+Catching up is bounded and shared. The draft pool caches prefixes like the target's
+(kv_cache.py): full blocks of target tokens are registered, so the n sequences of one
+request, or requests with a common prompt, prefill it once; a fresh mirror whose blocks
+another mirror is computing in the same draft step waits one step and shares them. One
+call computes at most max_num_tokens catch-up tokens in all, so a long prompt cannot
+stall every other request's step: a mirror still behind gets no drafts and goes on
+catching up in the next steps.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ class DraftModelProposer:
                  isa: str = "auto", verify_checksum: bool = True):
         """`target`: the LLMEngine whose tokens the drafts continue."""
         self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
+        if self.engine.config["target"] != "cpu":  # drafts run on this process's cpu executor
+            raise EngineLoadError(f"draft engine {engine_dir} is a {self.engine.config['target']} engine; build the "
+                                  "draft with --target cpu --tp 1")
         if int(self.engine.config.get("mapping", {}).get("tp_size", 1)) != 1:
             raise EngineLoadError(f"draft engine {engine_dir} is tensor-parallel; build the draft with --tp 1")
         vocab = int(self.engine.header["plan"]["vocab_size"])
@@ -50,8 +60,11 @@ class DraftModelProposer:
         self.max_batch_size = int(build["max_batch_size"])
         num_blocks = self.engine.kv_pool_blocks(kv_cache_gib)
         self.executor = self.engine.create_executor(num_threads or target.num_threads, num_blocks, isa)
-        self.blocks = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
-        self.mirrors: dict[int, Sequence] = {}  # target seq_id -> the draft engine's copy
+        self.blocks = BlockManager(num_blocks, self.block_size, enable_prefix_caching=True)
+        # target seq_id -> the draft engine's copy; a mirror's "prompt" (num_prompt_tokens) is
+        # its target's tokens at the last sync, its "output" the drafts it made since
+        self.mirrors: dict[int, Sequence] = {}
+        self.num_prefill_tokens = 0  # tokens computed to catch mirrors up (all but those drafts come from)
 
     def release(self, seq: Sequence) -> None:
         """The target sequence finished or was aborted: free its draft KV."""
@@ -62,31 +75,28 @@ class DraftModelProposer:
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], list | None]]:
         """requests: (target sequence, at most k drafts). Returns, per request, the drafts
         and, for a sampled sequence, each draft's distribution (candidates, probs)."""
+        targets = {seq.seq_id: seq for seq, _ in requests}
         results: dict[int, tuple[list[int], list]] = {seq.seq_id: ([], []) for seq, _ in requests}
         want = {}
         for seq, k in requests:
             if len(seq.token_ids) + k <= self.max_seq_len:
                 self._sync(seq)
                 want[seq.seq_id] = k
-        mirrors = [self.mirrors[seq.seq_id] for seq, _ in requests if seq.seq_id in want]
-        targets = {seq.seq_id: seq for seq, _ in requests}
-        while mirrors:
-            batch, budget = [], self.max_num_tokens
-            for m in mirrors[:self.max_batch_size]:
-                n = min(m.num_pending, budget)
-                if n == 0 or not self.blocks.can_allocate(m.block_table, m.num_computed + n):
-                    continue
-                self.blocks.allocate(m.block_table, m.num_computed + n)
-                batch.append(ScheduledChunk(m, n))
-                budget -= n
-            if not batch:  # the draft pool is full: these sequences go without drafts
+        drafting = [self.mirrors[seq_id] for seq_id in want]
+        catch_up = self.max_num_tokens
+        while drafting:
+            batch, catch_up = self._schedule(drafting, catch_up)
+            if not batch:  # every mirror left was dropped (catch-up budget or draft KV spent)
                 break
             logits = run_step(self.executor, batch)  # (completing chunks, vocab)
             row = 0
             for chunk in batch:
                 m = chunk.seq
                 completes = chunk.completes
+                self.num_prefill_tokens += chunk.num_tokens - int(completes)
                 m.num_computed += chunk.num_tokens
+                self.blocks.register(m.token_ids, m.block_table, min(m.num_computed, m.num_prompt_tokens),
+                                     m.block_keys)
                 if not completes:
                     continue
                 drafts, dists = results[m.seq_id]
@@ -96,23 +106,81 @@ class DraftModelProposer:
                 dists.append(dist)
                 m.token_ids.append(token)
                 if len(drafts) == want[m.seq_id]:
-                    mirrors.remove(m)
+                    drafting.remove(m)
         out = []
         for seq, _ in requests:
             drafts, dists = results[seq.seq_id]
             out.append((drafts, dists if seq.params.temperature > 0 else None))
         return out
 
+    def _schedule(self, drafting: list[Sequence], catch_up: int) -> tuple[list[ScheduledChunk], int]:
+        """One draft step: each drafting mirror's pending tokens, within the step's token and
+        sequence budgets. Every pending token but the last (the one the next draft is decoded
+        from) spends `catch_up`, the call's budget; a mirror it cannot serve, or the draft KV
+        pool cannot hold, leaves `drafting` (no drafts in this step). Returns the chunks and
+        the catch-up budget left."""
+        batch: list[ScheduledChunk] = []
+        budget, in_flight = self.max_num_tokens, set()
+        # mirrors under way before fresh ones, which may then share the blocks they compute;
+        # the least behind first, so that one long catch-up does not cost the others their drafts
+        for m in sorted(drafting, key=lambda m: (not m.block_table, m.num_pending)):
+            if len(batch) == self.max_batch_size or budget == 0:
+                break
+            if not m.block_table:
+                if catch_up == 0:  # it would hold its cached prefix while another mirror extends it
+                    drafting.remove(m)
+                    continue
+                if not self._start(m, in_flight):
+                    continue  # waits for the blocks another mirror computes in this step
+            n = min(m.num_pending if m.num_pending - 1 <= catch_up else catch_up, budget)
+            if n == 0 or not self.blocks.can_allocate(m.block_table, m.num_computed + n):
+                drafting.remove(m)
+                continue
+            self.blocks.allocate(m.block_table, m.num_computed + n)
+            in_flight.update(self._chain_keys(m, m.num_computed + n))
+            batch.append(ScheduledChunk(m, n))
+            budget -= n
+            catch_up -= n - int(n == m.num_pending)
+        return batch, catch_up
+
+    def _start(self, m: Sequence, in_flight: set[int]) -> bool:
+        """Starts a fresh mirror after the cached blocks its tokens begin with. False, taking
+        nothing, when a mirror in this step computes one of its blocks (the n sequences of a
+        request all start in the same step): computing it twice is what sharing saves."""
+        if in_flight and in_flight.intersection(self._chain_keys(m, m.num_prompt_tokens)):
+            return False
+        bs = self.block_size
+        # at least one token is computed: the first draft is decoded from the last
+        m.block_table, m.block_keys = self.blocks.match_prefix(m.token_ids, (m.num_prompt_tokens - 1) // bs * bs)
+        m.num_computed = len(m.block_table) * bs
+        return True
+
+    def _chain_keys(self, m: Sequence, end: int) -> list[int]:
+        """Prefix-cache keys of m's full blocks of target tokens before position `end`, past
+        those it registered. Drafts are never keyed: their KV is cut back when rejected."""
+        bs, keys = self.block_size, []
+        key = m.block_keys[-1] if m.block_keys else None
+        for b in range(len(m.block_keys), min(end, m.num_prompt_tokens) // bs):
+            key = BlockManager.chain_key(key, tuple(m.token_ids[b * bs:(b + 1) * bs]))
+            keys.append(key)
+        return keys
+
     def _sync(self, seq: Sequence) -> None:
-        """Points the mirror at the target's tokens, keeping the KV of the shared prefix."""
+        """Points the mirror at the target's tokens, keeping the KV of the shared prefix.
+        A target's tokens only grow, and a mirror's prompt is a copy of them, so only its
+        drafts can differ: syncing costs O(k), not O(sequence length). Registered blocks
+        hold prompt tokens only, so the cut never reaches them."""
         mirror = self.mirrors.get(seq.seq_id)
         if mirror is None:
-            mirror = Sequence(seq.seq_id, [], 0, seq.params, seq.rng)
-            self.mirrors[seq.seq_id] = mirror
+            mirror = self.mirrors[seq.seq_id] = Sequence(seq.seq_id, [], 0, seq.params, seq.rng)
+        seen = mirror.num_prompt_tokens
         limit = min(mirror.num_computed, len(seq.token_ids))
-        differ = np.flatnonzero(np.asarray(mirror.token_ids[:limit]) != np.asarray(seq.token_ids[:limit]))
-        mirror.num_computed = int(differ[0]) if len(differ) else limit
-        mirror.token_ids = list(seq.token_ids)
+        same = min(seen, limit)
+        while same < limit and mirror.token_ids[same] == seq.token_ids[same]:
+            same += 1
+        mirror.num_computed = same
+        mirror.token_ids[seen:] = seq.token_ids[seen:]
+        mirror.num_prompt_tokens = len(seq.token_ids)
         self.blocks.trim(mirror.block_table, mirror.num_computed)
 
     @staticmethod

@@ -25,14 +25,23 @@ class NgramProposer:
 
 def lookup(token_ids: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest suffix
-    (ngram_max down to ngram_min tokens) of `token_ids`."""
+    (ngram_max down to ngram_min tokens) of `token_ids`.
+
+    One pass over the sequence finds where its last token occurred before; each longer
+    suffix only filters those candidates, so a step costs O(L) plus the candidates'
+    count per length, and stops at the first length nothing matches."""
     tokens = np.asarray(token_ids, dtype=np.int64)  # (L,)
     length = len(tokens)
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        # windows starting at 0..L-n-1: every occurrence but the suffix itself
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # (L - n, n)
-        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # earlier occurrences of the 1-gram suffix, by last index
+    latest = None
+    for n in range(1, min(ngram_max, length - 1) + 1):
+        if n > 1:  # keep the ends whose occurrence extends to the n-gram suffix
+            ends = ends[ends >= n - 1]
+            ends = ends[tokens[ends - (n - 1)] == tokens[length - n]]
+        if not len(ends):
+            break
+        if n >= ngram_min:
+            latest = int(ends[-1])
+    if latest is None:
+        return []
+    return tokens[latest + 1:latest + 1 + k].tolist()
