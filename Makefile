@@ -22,7 +22,7 @@ demo: model
 		--prompt "Write a haiku about a steel mill."
 
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q tests --durations=30
 
 # Build, validate against HF and publish the engines of engines.yaml (what the engines CI job runs).
 engines: model
