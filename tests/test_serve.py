@@ -3,13 +3,15 @@
 Two servers of the bf16 SmolLM2 engine run for the whole module: `server` (defaults, with
 an API key) and `small` (`--kv-cache-gib 0 --no-prefix-cache`: the minimum KV pool, so
 concurrent long prompts must be preempted, and no prefix cache, so it is the reference for
-prefix-cache hits). Outputs are greedy, so "correct" means "equal to the same request
-served alone". `small` is SIGTERMed by the last test.
+prefix-cache hits; `--drain-timeout 0`: SIGTERM aborts at once). Outputs are greedy, so
+"correct" means "equal to the same request served alone". `small` is SIGTERMed by the
+last test.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -63,10 +65,17 @@ class Server:
     def client(self):
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
 
+    def metrics_text(self) -> str:
+        return httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.key}"}).text
+
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.key}"}).text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line and not line.startswith("#")}
+        """Series -> value, keyed without the model_name label every series carries
+        (`bessemer_request_success_total{finished_reason="stop"}`)."""
+        def key(series: str) -> str:
+            return re.sub(r'model_name="[^"]*",?', "", series).replace("{}", "")
+
+        return {key(line.rsplit(" ", 1)[0]): float(line.rsplit(" ", 1)[1])
+                for line in self.metrics_text().splitlines() if line and not line.startswith("#")}
 
     def post(self, path: str, body, key: str | None = KEY) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -85,7 +94,8 @@ def servers(smollm2_engine, tmp_path_factory):
     engine = smollm2_engine("bfloat16")
     logs = tmp_path_factory.mktemp("serve-logs")
     started = [Server(engine, logs / "server.log", "--api-key", KEY),
-               Server(engine, logs / "small.log", "--kv-cache-gib", "0", "--no-prefix-cache")]
+               Server(engine, logs / "small.log", "--kv-cache-gib", "0", "--no-prefix-cache",
+                      "--drain-timeout", "0")]
     try:
         for s in started:
             s.wait_ready()
@@ -253,6 +263,8 @@ def test_client_disconnect_aborts(server):
 
 
 def test_sigterm_during_stream_exits_cleanly(small):
+    """`small` runs with --drain-timeout 0: SIGTERM aborts what is running at once (the
+    drain itself is tested in test_serve_endpoints.py)."""
     body = {"prompt": "Tell me a long story.", "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{small.url}/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()

@@ -335,11 +335,11 @@ def test_strict_schemas_and_tool_schemas_as_people_write_them(server):
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    from bessemer.serving.protocol import tool_calls
+    from bessemer.serving.tool_parsers import FORMATS, parse
 
     text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
-    assert [c["function"]["name"] for c in tool_calls(text, False)] == ["a", "b"]
-    assert [c["function"]["name"] for c in tool_calls(text, False, parallel=False)] == ["a"]
+    assert [c["function"]["name"] for c in parse(text, FORMATS["hermes"])[1]] == ["a", "b"]
+    assert [c["function"]["name"] for c in parse(text, FORMATS["hermes"], max_calls=1)[1]] == ["a"]
 
 
 def chain(n: int) -> str:

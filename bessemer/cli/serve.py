@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import click
 
-from bessemer.cli.common import fail, speculative_config, speculative_options, user_errors
+from bessemer.cli.common import fail, read_text_file, speculative_config, speculative_options, user_errors
 from bessemer.runtime.constraint_limits import ConstraintLimits
+from bessemer.serving.cors import CorsPolicy
 from bessemer.serving.limits import ServerLimits
+from bessemer.serving.prometheus import PREFIXES
+from bessemer.serving.tool_parsers import PARSER_NAMES
 
 
 @click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,10 +23,23 @@ from bessemer.serving.limits import ServerLimits
               help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). [default: 1]")
 @click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+@click.option("--allowed-origins", default=None,
+              help="Browser origins that may call the server (CORS), a JSON list or comma list; '*' for any. "
+                   "[default: none, no CORS headers]")
+@click.option("--allowed-methods", default=None, help="HTTP methods CORS allows (JSON or comma list). [default: *]")
+@click.option("--allowed-headers", default=None, help="Request headers CORS allows (JSON or comma list). [default: *]")
+@click.option("--chat-template", "chat_template_file", default=None, metavar="FILE",
+              help="A Jinja chat template to use instead of the engine's own.")
+@click.option("--tool-call-parser", type=click.Choice(PARSER_NAMES), default="auto", show_default=True,
+              help="The format of the model's tool calls (tool_choice auto); auto reads it from the chat template.")
 @click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
+@click.option("--metrics-prefix", type=click.Choice(list(PREFIXES)), default="bessemer", show_default=True,
+              help="Names of the /metrics series: bessemer_* or vLLM's vllm:* (its dashboards work unchanged).")
+@click.option("--log-stats-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between the throughput / queue / KV-cache lines in the log (only after activity); 0: off.")
 @click.option("--max-request-bytes", type=int, default=ServerLimits.max_body_bytes, show_default=True,
               help="Largest request body; larger ones get 413 before they are read.")
 @click.option("--max-n", type=int, default=ServerLimits.max_n, show_default=True,
@@ -32,6 +48,9 @@ from bessemer.serving.limits import ServerLimits
               help="Seconds a client has to send a request's headers (then 408).")
 @click.option("--body-timeout", type=float, default=ServerLimits.body_timeout_s, show_default=True,
               help="Seconds a client has to send a request's body (then 408).")
+@click.option("--drain-timeout", type=float, default=ServerLimits.drain_timeout_s, show_default=True,
+              help="On SIGTERM, seconds running requests may take to finish (meanwhile /health and new "
+                   "generation requests get 503) before they are aborted; 0 aborts at once.")
 @click.option("--max-prompts", type=int, default=ServerLimits.max_prompts, show_default=True,
               help="Most prompts one completions request may hold.")
 @click.option("--max-prompt-tokens", type=int, default=ServerLimits.max_prompt_tokens, show_default=True,
@@ -47,9 +66,10 @@ from bessemer.serving.limits import ServerLimits
 @speculative_options
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level, max_request_bytes, max_n, header_timeout, body_timeout, max_prompts,
-         max_prompt_tokens, max_constraint_bytes, max_grammar_rules, max_schema_depth, constraint_timeout,
-         speculative, draft_engine, num_speculative_tokens, ngram_max):
+         model_name, threads, log_level, metrics_prefix, log_stats_interval, max_request_bytes, max_n,
+         header_timeout, body_timeout, max_prompts, max_prompt_tokens, max_constraint_bytes, max_grammar_rules,
+         max_schema_depth, constraint_timeout, speculative, draft_engine, num_speculative_tokens, ngram_max,
+         drain_timeout, allowed_origins, allowed_methods, allowed_headers, chat_template_file, tool_call_parser):
     """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
@@ -61,16 +81,28 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
         fail(f"--threads must be a positive integer, got {threads}")
     if kv_cache_gib is not None and kv_cache_gib < 0:
         fail(f"--kv-cache-gib must be >= 0, got {kv_cache_gib}")
+    if log_stats_interval < 0:
+        fail(f"--log-stats-interval must be >= 0, got {log_stats_interval}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     limits = ServerLimits(max_body_bytes=max_request_bytes, max_n=max_n, header_timeout_s=header_timeout,
                           body_timeout_s=body_timeout, max_prompts=max_prompts,
-                          max_prompt_tokens=max_prompt_tokens)  # checked before the engine loads
+                          max_prompt_tokens=max_prompt_tokens,
+                          drain_timeout_s=drain_timeout)  # checked before the engine loads
     constraint_limits = ConstraintLimits(max_bytes=max_constraint_bytes, max_rules=max_grammar_rules,
                                          max_schema_depth=max_schema_depth, compile_timeout_s=constraint_timeout)
+    cors = CorsPolicy.from_flags(allowed_origins, allowed_methods, allowed_headers)
+    chat_template = None
+    if chat_template_file is not None:  # read and parsed now: a bad file fails before the engine loads
+        from bessemer.runtime.tokenizer import check_chat_template
+
+        chat_template = read_text_file(chat_template_file, "--chat-template")
+        check_chat_template(chat_template, f"--chat-template {chat_template_file}")
     from bessemer.serving.server import run
 
     run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
+        metrics_prefix=metrics_prefix, log_stats_interval=log_stats_interval, cors=cors,
+        chat_template=chat_template, tool_call_parser=tool_call_parser,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
         kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache, constraint_limits=constraint_limits,
         speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))

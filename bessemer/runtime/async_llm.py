@@ -15,7 +15,7 @@ Closing a consumer (task cancel, generator close, or `RequestStream.abort()`) ab
 sequences, which returns their KV blocks.
 
 Safe from any thread: `llm.tokenizer` (encode/decode only), `llm.max_seq_len` and the
-other build limits, `stats()`.
+other build limits, `stats()`; `step_listeners` run on the engine thread.
 
 Set OMP_WAIT_POLICY=PASSIVE before the engine loads (bessemer.serving.server does): the
 kernels' OpenMP workers otherwise spin between steps and starve the consumers' threads.
@@ -28,7 +28,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from bessemer.runtime.llm import LLM
 from bessemer.runtime.llm_engine import EngineStats  # noqa: F401 - served by the metrics module
@@ -69,6 +69,7 @@ class Delta:
     # on the last delta of sequence 0: per prompt token {token: logprob} (the first: None),
     # when SamplingParams.prompt_logprobs asked for them
     prompt_logprobs: list | None = None
+    first_scheduled_time: float | None = None  # perf_counter() when the scheduler first admitted it
 
 
 class RequestStream:
@@ -141,6 +142,9 @@ class AsyncLLM:
         self._stop = False
         self._owners: dict[int, tuple[RequestStream, int]] = {}  # seq_id -> (stream, index); engine thread only
         self._stats = self._core.stats()
+        # called on the engine thread with the stats of every step that ran (the server's
+        # tokens-per-step histogram needs each one, not the latest): keep them quick
+        self.step_listeners: list[Callable[[EngineStats], None]] = []
         self._thread = threading.Thread(target=self._run, name="bessemer-engine", daemon=True)
         self._thread.start()
 
@@ -235,6 +239,8 @@ class AsyncLLM:
                 continue
             self._dispatch(updates)
             self._stats = core.stats()
+            for listener in self.step_listeners:
+                listener(self._stats)
 
     def _run_commands(self) -> None:
         if not self._commands:
@@ -285,7 +291,8 @@ class AsyncLLM:
             delta = Delta(index, u.text, u.token_ids, seq.finish_reason, u.logprobs, seq.num_prompt_tokens,
                           len(seq.token_ids) - seq.num_prompt_tokens, stream.arrival_time, seq.first_token_time,
                           seq.last_token_time, seq.error if seq.finish_reason == "error" else None,
-                          getattr(seq, "prompt_logprobs", None) if seq.finish_reason is not None else None)
+                          getattr(seq, "prompt_logprobs", None) if seq.finish_reason is not None else None,
+                          seq.first_scheduled_time)
             if seq.finish_reason is not None:
                 del self._owners[seq.seq_id]
             by_loop[stream.loop].append((stream, delta))

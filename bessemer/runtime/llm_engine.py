@@ -57,6 +57,7 @@ class EngineStats:
     num_steps: int = 0
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified
     num_accepted_tokens: int = 0  # ... and accepted by the target
+    num_step_tokens: int = 0  # tokens the last step ran: prefill chunks, decode and draft tokens
 
 
 class LLMEngine:
@@ -99,6 +100,7 @@ class LLMEngine:
         self._seed = seed
         self._next_id = 0
         self.num_steps = 0  # steps that ran a batch
+        self.num_step_tokens = 0  # tokens the last of them ran
         self.num_draft_tokens = self.num_accepted_tokens = 0
         self.grammars = GrammarCompiler(self.engine.dir / "tokenizer.json", self.vocab_size,
                                         self.output_processor.eos_ids, constraint_limits)
@@ -232,6 +234,7 @@ class LLMEngine:
             return []
         if self.proposer is not None:
             batch = self._add_drafts(batch)
+        self.num_step_tokens = sum(c.num_tokens for c in batch)
         if self._samples_on_device(batch):
             sampled = run_step_sampled(self.executor, batch)
             self.num_steps += 1
@@ -434,4 +437,4 @@ class LLMEngine:
         s, b = self.scheduler, self.blocks
         return EngineStats(len(s.running), len(s.waiting), b.num_blocks, b.num_free, b.num_hit_tokens,
                            b.num_queried_tokens, s.num_preemptions, self.num_steps, self.num_draft_tokens,
-                           self.num_accepted_tokens)
+                           self.num_accepted_tokens, self.num_step_tokens)

@@ -16,6 +16,7 @@ every row and reads nothing from the cache until they are computed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from bessemer.runtime.fair_queue import FairQueue
@@ -108,6 +109,8 @@ class Scheduler:
                 seq.block_keys.clear()
                 break
             self.waiting.take(seq)
+            if seq.first_scheduled_time is None:  # a preempted sequence's return is not its admission
+                seq.first_scheduled_time = time.perf_counter()
             self.blocks.allocate(seq.block_table, seq.num_computed + n)
             self.running.append(seq)
             batch.append(ScheduledChunk(seq, n))

@@ -60,6 +60,7 @@ class Sequence:
     # None when this sequence does not report them (not asked, or not the first of its n)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None  # when the scheduler first admitted it (queue time ends)
     first_token_time: float | None = None
     last_token_time: float | None = None
 

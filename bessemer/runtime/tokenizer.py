@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from bessemer.errors import EngineLoadError, RequestError
+from bessemer.errors import EngineLoadError, InvalidOptionError, RequestError
 
 
 def _token_content(tok) -> str | None:
@@ -35,6 +35,35 @@ def read_json_object(path: Path) -> dict:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _raise_exception(message):
+    raise RequestError(f"chat template: {message}")
+
+
+def template_environment():
+    """The sandboxed Jinja environment chat templates render in, set up as transformers
+    does (its tojson, raise_exception and strftime_now)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def check_chat_template(text: str, source: str) -> None:
+    """InvalidOptionError naming `source` (e.g. "--chat-template t.jinja") unless `text`
+    parses as a chat template: a server given one must refuse it at start, not per request."""
+    import jinja2
+
+    try:
+        template_environment().parse(text)
+    except jinja2.TemplateError as e:
+        line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise InvalidOptionError(f"{source} does not parse as a Jinja template{line} ({e.message or e}); "
+                                 "fix the template or leave the flag out") from None
 
 
 class Tokenizer:
@@ -109,6 +138,13 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def is_special(self, text: str) -> bool:
+        """`text` is one special token, which decoding leaves out unless skip_special_tokens
+        is false (Mistral's [TOOL_CALLS], Llama's <|python_tag|>)."""
+        token_id = self._tok.token_to_id(text)
+        added = self._tok.get_added_tokens_decoder().get(token_id) if token_id is not None else None
+        return added is not None and added.special
+
     @property
     def supports_tools(self) -> bool:
         """The chat template renders a `tools` list (tool definitions for the model)."""
@@ -133,18 +169,9 @@ class Tokenizer:
             raise RequestError("this engine's chat template does not support tools; send the request without "
                                "`tools`, or use a model whose chat template renders them")
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message):
-            raise RequestError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            template = env.from_string(self.chat_template)
+            template = template_environment().from_string(self.chat_template)
         except jinja2.TemplateError as e:
             raise RequestError(f"the engine's chat template does not parse ({e})") from None
         extra = {"tools": tools} if tools else {}

@@ -1,18 +1,22 @@
 """The OpenAI-compatible HTTP app over one AsyncLLM, built by `build_app` (no module state).
 
-Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or SSE when `stream`), GET
-/v1/models, /health, /metrics. Constrained output: `response_format` (json_object,
-json_schema) and vLLM's guided_json/guided_regex/guided_grammar on both routes; `tools` on
-chat where the chat template renders them: a forced call (tool_choice "required" or a
-named function) is generated under the call's JSON schema, "auto" parses Hermes-style
-<tool_call> blocks; calls come back as OpenAI `tool_calls`. Every error is OpenAI's JSON error shape with a 4xx status
-(503 while shutting down, 500 only for a bug). A request's sequences are aborted, and their
-KV blocks freed, as soon as its client disconnects.
+Routes: POST /v1/completions, POST /v1/chat/completions (JSON, or SSE when `stream`),
+/health, /metrics; the models, /tokenize, /detokenize and /version are utility_routes.py's.
+Constrained output: `response_format` (json_object, json_schema) and vLLM's
+guided_json/guided_regex/guided_grammar on both routes; `tools` on chat where the chat
+template renders them: a forced call (tool_choice "required" or a named function) is
+generated under the call's JSON schema, "auto" parses the calls in the format
+`tool_call_parser` names (serving/tool_parsers.py); calls come back as OpenAI
+`tool_calls`, streamed a name and argument fragments at a time. Every error is OpenAI's
+JSON error shape with a 4xx status (503 while shutting down, 500 only for a bug). A
+request's sequences are aborted, and their KV blocks freed, as soon as its client
+disconnects.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations, and
 # `Request` is imported inside build_app, where string annotations could not be resolved.
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
@@ -22,7 +26,11 @@ from bessemer.errors import BessemerError
 from bessemer.runtime.async_llm import (AsyncLLM, EngineClosedError, EngineFailedError, RequestStream,
                                         SequenceFailedError)
 from bessemer.serving import protocol as P
-from bessemer.serving.body import read_body
+from bessemer.serving import tool_parsers
+from bessemer.serving import utility_routes
+from bessemer.serving.body import read_json
+from bessemer.serving.cors import CorsPolicy
+from bessemer.serving.drain import Drain
 from bessemer.serving.limits import ServerLimits
 from bessemer.serving.metrics import ServerMetrics
 from bessemer.serving.streams import Collected, events
@@ -32,18 +40,27 @@ def _shutting_down() -> P.ApiError:
                       code="service_unavailable")
 
 
-def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None):
+def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None,
+              metrics_prefix: str = "bessemer", drain: Drain | None = None, cors: CorsPolicy | None = None,
+              tool_call_parser: str = "auto"):
     """`api_key` guards every route but /health; `limits` bound what one request may send
-    (serving/limits.py; the defaults without one)."""
+    (serving/limits.py; the defaults without one); `metrics_prefix` names the /metrics series
+    ("bessemer" or "vllm", serving/metrics.py); once `drain` begins (SIGTERM, serving/drain.py)
+    /health and new generation requests get 503; `cors` says which browser origins may call;
+    `tool_call_parser` is the format of the model's own tool calls (tool_parsers.PARSER_NAMES)."""
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="Bessemer", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(model_name, engine.llm.max_seq_len, metrics_prefix)
+    engine.step_listeners.append(metrics.engine_step)
+    app.state.metrics = metrics  # the server's periodic stats line reads it (serving/stats_log.py)
     created = int(time.time())
     tokenizer = engine.llm.tokenizer
     limits = limits or ServerLimits()
+    auto_calls = tool_parsers.pick_format(tool_call_parser, tokenizer.chat_template)
+    drain = drain or Drain(limits.drain_timeout_s)
 
     def decode_token(token: int) -> str:
         return tokenizer.decode([token], skip_special_tokens=False)
@@ -86,20 +103,24 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             raise P.ApiError(401, "invalid or missing API key; send 'Authorization: Bearer KEY'",
                              code="invalid_api_key")
 
+    def accepting() -> None:
+        if drain.draining:  # the requests already running go on; a load balancer retries this one elsewhere
+            raise P.ApiError(503, "the server is shutting down and takes no new requests; send the request to "
+                                  "another replica, or retry once this one has restarted", "server_error",
+                             code="service_unavailable")
+
     v1 = {"dependencies": [Depends(authorize)]}
+    generation = {"dependencies": [Depends(authorize), Depends(accepting)]}
 
     # ---- plain routes ----
     @app.get("/health")
     async def health():
-        problem = engine.failure()
+        problem = "the server is shutting down" if drain.draining else engine.failure()
         if problem:
             return error_response(P.ApiError(503, problem, "server_error"))
         return {"status": "ok"}
 
-    @app.get("/v1/models", **v1)
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "bessemer", "max_model_len": engine.llm.max_seq_len}]}
+    utility_routes.register(app, engine, model_name, limits, v1["dependencies"], created)
 
     @app.get("/metrics", **v1)  # with --api-key, the counters are the key holder's too
     async def prometheus():
@@ -107,27 +128,18 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
 
     # ---- generation ----
     async def read(request: Request, model: type):
-        raw = await read_body(request, limits)  # 413 / 408 before anything parses it
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise P.ApiError(400, f"the request body is not valid JSON ({e})") from None
-        except RecursionError:
-            raise P.ApiError(400, "the request body's JSON is nested too deeply") from None
-        req = P.parse(model, body)
+        req = P.parse(model, await read_json(request, limits))  # 413 / 408 before anything parses it
         if req.n > limits.max_n:
             raise P.ApiError(400, f"n is {req.n} but this server allows at most {limits.max_n} completions "
                                   "per prompt (its --max-n)", param="n")
-        if req.model is not None and req.model != model_name:
-            raise P.ApiError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
-                             param="model", code="model_not_found")
+        P.check_model(req.model, model_name)
         return req
 
     async def start(prompts: list[list[int]], params) -> list[RequestStream]:
         """Queues a request's prompts in one engine command (all or none)."""
         streams = await engine.add_requests(prompts, params)
-        for ids in prompts:
-            metrics.request_started(len(ids))
+        for stream, ids in zip(streams, prompts):
+            metrics.request_started(stream, len(ids), params)
         return streams
 
     def check_prompts(prompts: list[list[int]], max_tokens: int | None) -> None:
@@ -154,7 +166,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
     def request_id(req, prefix: str) -> str:
         return req.request_id or f"{prefix}-{uuid.uuid4().hex}"
 
-    @app.post("/v1/completions", **v1)
+    @app.post("/v1/completions", **generation)
     async def completions(request: Request):
         req: P.CompletionRequest = await read(request, P.CompletionRequest)
         texts = req.prompts()
@@ -222,13 +234,15 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             choices.append(finish(choice, c.finish_reason, c.error))
         return head(rid, "text_completion", choices, usage=P.usage(num_prompt, result.num_output_tokens))
 
-    @app.post("/v1/chat/completions", **v1)
+    @app.post("/v1/chat/completions", **generation)
     async def chat_completions(request: Request):
         req: P.ChatCompletionRequest = await read(request, P.ChatCompletionRequest)
-        messages = [m.as_template_input() for m in req.messages]
+        messages = req.template_messages()
         tokenizer.check_length("".join(m["content"] for m in messages if isinstance(m.get("content"), str)),
                                engine.llm.max_seq_len)
-        prompt = await asyncio.to_thread(tokenizer.encode_chat, messages, req.template_tools(),
+        # with tool_choice "none" a template that cannot render tools simply goes without them
+        tools = req.template_tools() if req.tool_choice != "none" or tokenizer.supports_tools else None
+        prompt = await asyncio.to_thread(tokenizer.encode_chat, messages, tools,
                                          req.add_generation_prompt, req.template_kwargs())
         prompt = req.truncate(prompt)
         check_prompts([prompt], req.max_completion_tokens or req.max_tokens)
@@ -243,6 +257,11 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                              param=req.constraints()[0][0])
         params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, forced)
         parse_calls = bool(req.tools) and req.tool_choice != "none"
+        call_format = tool_parsers.FORMATS["forced"] if forced is not None else auto_calls
+        max_calls = 1 if req.parallel_tool_calls is False else None
+        if parse_calls and any(tokenizer.is_special(marker) for marker in call_format.opens):
+            # the format's marker is a special token (Mistral's [TOOL_CALLS]): the parser must see it, as in vLLM
+            params = dataclasses.replace(params, skip_special_tokens=False)
         streams = await start([prompt], params)
         rid, chunk = request_id(req, "chatcmpl"), "chat.completion.chunk"
 
@@ -250,9 +269,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             return None if k is None else P.chat_logprobs(entries, token_ids, k, decode_token)
 
         def message(text: str) -> tuple[dict, bool]:
-            calls = P.tool_calls(text, forced is not None, req.parallel_tool_calls is not False) if parse_calls else None
+            content, calls = tool_parsers.parse(text, call_format, max_calls) if parse_calls else (text, [])
             if calls:
-                return {"role": "assistant", "content": None, "tool_calls": calls}, True
+                return {"role": "assistant", "content": content, "tool_calls": calls}, True
             return {"role": "assistant", "content": text}, False
 
         if req.stream:
@@ -260,21 +279,17 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                 # OpenAI sends the role first, in a chunk of its own
                 yield head(rid, chunk, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None} for i in range(params.n)]), 0
-                texts: dict[int, str] = {}
+                parsers = {i: tool_parsers.CallStream(call_format, max_calls) for i in range(params.n)} \
+                    if parse_calls else {}
                 async for i, d in events(streams, params.n, metrics):
-                    if forced is not None:  # a forced call goes out whole, as one tool_calls delta
-                        texts[i] = texts.get(i, "") + d.text
-                        if d.finish_reason is None:
-                            continue
-                        msg, called = message(texts[i])
-                        delta = {"tool_calls": [{"index": j, **c} for j, c in enumerate(msg.get("tool_calls") or [])]}
-                        choice = {"index": i, "delta": delta if called else {"content": texts[i]}, "logprobs": None}
-                        yield head(rid, chunk, [finish(choice, "tool_calls" if called else d.finish_reason,
-                                                       d.error)]), len(d.token_ids)
-                        continue
-                    choice = {"index": i, "delta": {"content": d.text} if d.text else {},
+                    delta, reason = {"content": d.text} if d.text else {}, d.finish_reason
+                    if parse_calls:  # content as it comes, calls a name and argument fragments at a time
+                        delta = parsers[i].feed(d.text, final=d.finish_reason is not None).delta()
+                        if reason is not None and d.error is None and parsers[i].num_complete:
+                            reason = "tool_calls"
+                    choice = {"index": i, "delta": delta,
                               "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None}
-                    yield head(rid, chunk, [finish(choice, d.finish_reason, d.error)]), len(d.token_ids)
+                    yield head(rid, chunk, [finish(choice, reason, d.error)]), len(d.token_ids)
 
             return sse(chunks(), lambda u: head(rid, chunk, [], usage=u), len(prompt), req.include_usage)
 
@@ -311,6 +326,8 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    app.add_middleware(drain.middleware)
+    (cors or CorsPolicy()).install(app)  # last: outermost, so that its headers reach every answer
     return app
 
 

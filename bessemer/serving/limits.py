@@ -1,6 +1,7 @@
-"""ServerLimits: what one client may send and how long it may take (`bessemer serve`
-flags). No imports of the serving stack, so the CLI can check them before loading it.
-Enforced by serving/http.py (headers) and serving/body.py (the body).
+"""ServerLimits: what one client may send and how long it may take, and how long a
+shutdown waits for running requests (`bessemer serve` flags). No imports of the serving
+stack, so the CLI can check them before loading it. Enforced by serving/http.py
+(headers), serving/body.py (the body) and serving/drain.py (the shutdown).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class ServerLimits:
     # so that no request can fill the queue by itself (fair admission does the rest)
     max_prompts: int = 1024
     max_prompt_tokens: int = 2**20
+    # on SIGTERM, how long running requests may go on before they are aborted (0: at once);
+    # under the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default
+    drain_timeout_s: float = 25.0
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_header_bytes", "max_n", "max_prompts", "max_prompt_tokens"):
@@ -34,3 +38,6 @@ class ServerLimits:
             if not value > 0 or value == float("inf"):
                 flag = name.replace("_s", "").replace("_", "-")
                 raise InvalidOptionError(f"--{flag} must be a positive number of seconds, got {value!r}")
+        if not 0 <= self.drain_timeout_s < float("inf"):
+            raise InvalidOptionError(f"--drain-timeout must be a number of seconds >= 0 (0 aborts running requests "
+                                     f"at once), got {self.drain_timeout_s!r}")

@@ -14,7 +14,6 @@ fields that only identify a request or its user (`user`, `safety_identifier`,
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -265,17 +264,35 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_SamplingFields):
+class _ChatTemplateFields(_Strict):
+    """What the chat template renders: chat completions and vLLM's /tokenize share them."""
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None  # extra variables for the chat template (enable_thinking, ...)
+
+    def template_messages(self) -> list[dict]:
+        return [m.as_template_input() for m in self.messages]
+
+    def template_tools(self) -> list[dict] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def template_kwargs(self) -> dict:
+        kwargs = self.chat_template_kwargs or {}
+        taken = sorted(set(kwargs) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+        if taken:
+            raise ApiError(400, f"chat_template_kwargs may not set {taken[0]!r}; it has a field of its own",
+                           param="chat_template_kwargs")
+        return kwargs
+
+
+class ChatCompletionRequest(_SamplingFields, _ChatTemplateFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # false: at most one call per message
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict | None = None  # extra variables for the chat template (enable_thinking, ...)
 
     def forced_call(self) -> tuple[str, dict] | None:
         """("tool_choice", the JSON schema the output must follow) when a call is forced
@@ -295,17 +312,6 @@ class ChatCompletionRequest(_SamplingFields):
         return "tool_choice", call_schema([(t.function.name, t.function.parameters, bool(t.function.strict))
                                            for t in tools])
 
-    def template_tools(self) -> list[dict] | None:
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-
-    def template_kwargs(self) -> dict:
-        kwargs = self.chat_template_kwargs or {}
-        taken = sorted(set(kwargs) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
-        if taken:
-            raise ApiError(400, f"chat_template_kwargs may not set {taken[0]!r}; it has a field of its own",
-                           param="chat_template_kwargs")
-        return kwargs
-
     def max_new_tokens(self, num_prompt_tokens: int, max_seq_len: int) -> int:
         """OpenAI's default for chat is "until the context is full"."""
         asked = self.max_completion_tokens or self.max_tokens
@@ -313,6 +319,30 @@ class ChatCompletionRequest(_SamplingFields):
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+# vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize
+class TokenizeCompletionRequest(_Strict):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(_ChatTemplateFields):
+    model: str | None = None
+    add_special_tokens: bool = False  # the template already holds the special tokens it wants
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """OpenAI's 404 for a model this server does not serve (None: the one it serves)."""
+    if requested is not None and requested != served:
+        raise ApiError(404, f"model {requested!r} does not exist; this server serves {served!r}",
+                       param="model", code="model_not_found")
 
 
 def check_context(num_prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
@@ -342,7 +372,9 @@ def refuse_unsupported(body: dict, route: dict) -> dict:
 def parse(model: type[BaseModel], body) -> BaseModel:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    body = refuse_unsupported(body, UNSUPPORTED_CHAT if model is ChatCompletionRequest else UNSUPPORTED_COMPLETIONS)
+    route = {CompletionRequest: UNSUPPORTED_COMPLETIONS, ChatCompletionRequest: UNSUPPORTED_CHAT}.get(model)
+    if route is not None:  # the generation routes; the others declare every field they take
+        body = refuse_unsupported(body, route)
     if model is ChatCompletionRequest and body.get("best_of") is not None:
         raise ApiError(400, "best_of is a completions field; chat has none", param="best_of")
     try:
@@ -378,28 +410,6 @@ def _loads(arguments):
         except json.JSONDecodeError:
             return arguments
     return arguments
-
-
-def tool_calls(text: str, forced: bool, parallel: bool = True) -> list[dict] | None:
-    """OpenAI tool_calls from generated text: the whole text when a call was forced
-    (constrained to {"name", "arguments"}), else Hermes-style <tool_call>{...}</tool_call>
-    blocks (what tool-capable chat templates such as Qwen2.5's and Hermes' ask for); only
-    the first when not `parallel` (parallel_tool_calls false)."""
-    if forced:
-        bodies = [text]
-    else:
-        bodies = [part.split("</tool_call>", 1)[0] for part in text.split("<tool_call>")[1:]]
-    calls = []
-    for body in bodies:
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            arguments = call.get("arguments", call.get("parameters", {}))
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
-    return (calls if parallel else calls[:1]) or None
 
 
 # ---- responses ----

@@ -30,7 +30,6 @@ async def events(streams: list[RequestStream], n: int, metrics: ServerMetrics) -
             queue.put_nowait((p, None))
 
     tasks = [asyncio.ensure_future(pump(p, s)) for p, s in enumerate(streams)]
-    last_times: list[dict[int, float]] = [{} for _ in streams]
     try:
         remaining = len(streams)
         while remaining:
@@ -40,7 +39,7 @@ async def events(streams: list[RequestStream], n: int, metrics: ServerMetrics) -
                 continue
             if isinstance(item, Exception):
                 raise item
-            metrics.observe(item, last_times[p])
+            metrics.observe(streams[p], item)
             if item.finish_reason == "abort":  # only close() sends these: the server is stopping
                 raise EngineClosedError("the server is shutting down")
             yield p * n + item.index, item
@@ -49,7 +48,7 @@ async def events(streams: list[RequestStream], n: int, metrics: ServerMetrics) -
             t.cancel()
         for s in streams:
             if not s.finished:
-                metrics.aborted(s.num_unfinished)
+                metrics.aborted(s)
                 s.abort()
 
 
