@@ -10,7 +10,7 @@ MODEL_DIR = $(shell $(PYTHON) -m bessemer.fixtures.smollm2 2>/dev/null | tail -n
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q pybind11 setuptools wheel
-	$(PYTHON) -m pip install -q --no-build-isolation -e ".[test,quant,cuda]"
+	$(PYTHON) -m pip install -q --no-build-isolation -e ".[test,quant,cuda,bench]"
 
 model: install
 	$(PYTHON) -m bessemer.fixtures.smollm2

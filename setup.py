@@ -40,7 +40,8 @@ setup(
     description="Ahead-of-time LLM engine builder and runtime",
     packages=find_packages(include=["bessemer", "bessemer.*"]),
     # WikiText-2 validation text (CC BY-SA 3.0, see its README) for eval, gates and calibration
-    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*", "hamlet/*"]},
+    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*", "hamlet/*"],
+                  "bessemer.serving_bench": ["prompts.jsonl"]},
     python_requires=">=3.10",
     install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],
     extras_require={
@@ -49,6 +50,8 @@ setup(
         "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi", "uvicorn",
                  "httpx", "openmpi", "mpi4py", "llguidance==1.9.1", "jsonschema"],
         "serve": ["fastapi", "uvicorn"],
+        # `bessemer bench serve` (its client is httpx; --plot draws with matplotlib)
+        "bench": ["httpx", "matplotlib"],
         # constrained decoding (json_schema / regex / grammar, response_format, tools); no torch
         "structured": ["llguidance==1.9.1"],
         # `mpirun -n N run-engine ...`: MPI rank discovery and collectives (runtime/tp_group.py)

@@ -8,8 +8,10 @@
     questions, sent one at a time: mean TTFT with prefix caching vs --no-prefix-cache;
 (c) p50/p99 TTFT and inter-token latency with --streams (16) concurrent streams.
 
-Times are taken on the client from the SSE chunks (one chunk per token). Every phase uses
-prompts of its own, so no phase is sped up by blocks an earlier one left in the cache.
+Times are taken on the client from the SSE chunks by `bessemer bench serve`'s client
+(bessemer/serving_bench; that command is the general tool, for any server, rate and prompt
+set). Every phase uses prompts of its own, so no phase is sped up by blocks an earlier one
+left in the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -25,6 +28,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this tree's bessemer, not whatever is installed
+    sys.path.insert(0, str(REPO))
+
+from bessemer.serving_bench.prompts import Prompt  # noqa: E402
+from bessemer.serving_bench.runner import first_model, run  # noqa: E402
+from bessemer.serving_bench.target import Target  # noqa: E402
 
 
 def free_port() -> int:
@@ -57,33 +68,23 @@ def prompts(seed: int, count: int, length: int, vocab: int = 40000) -> list[list
     return [rng.integers(100, vocab, length).tolist() for _ in range(count)]
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
-    start = time.perf_counter()
-    times = []
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                times.append(time.perf_counter())
-    return {"ttft": times[0] - start, "itl": np.diff(times).tolist(), "tokens": len(times),
-            "end": times[-1] - start}
-
-
-async def run_requests(url: str, batch: list[list[int]], max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
-    async with httpx.AsyncClient(timeout=600) as client:
-        start = time.perf_counter()
-        if concurrent:
-            results = await asyncio.gather(*(stream_one(client, url, p, max_tokens) for p in batch))
-        else:
-            results = [await stream_one(client, url, p, max_tokens) for p in batch]
-        return list(results), time.perf_counter() - start
+def run_requests(url: str, batch: list[list[int]], max_tokens: int, concurrent: bool) -> tuple[list, float]:
+    """Streams `batch` all at once or one at a time with `bessemer bench serve`'s client
+    (bessemer/serving_bench): per-request results and the wall time."""
+    target = Target(url, "completions", asyncio.run(first_model(url, None, 30.0)), ignore_eos=True)
+    sent = [Prompt(None, tuple(p), len(p), max_tokens) for p in batch]
+    done = asyncio.run(run(target, sent, math.inf, None if concurrent else 1, 0, 600.0, lambda _: None))
+    failed = [r.error for r in done.results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, the first: {failed[0]}")
+    return done.results, done.duration_s
 
 
 def throughput(url: str, count: int, output_tokens: int) -> dict:
     out = {}
     for name, seed, concurrent in (("one_at_a_time", 1, False), ("all_at_once", 2, True)):
-        results, wall = asyncio.run(run_requests(url, prompts(seed, count, 128), output_tokens, concurrent))
-        out[name] = {"output_tok_s": sum(r["tokens"] for r in results) / wall, "wall_s": wall}
+        results, wall = run_requests(url, prompts(seed, count, 128), output_tokens, concurrent)
+        out[name] = {"output_tok_s": sum(r.output_tokens for r in results) / wall, "wall_s": wall}
     out["ratio"] = out["all_at_once"]["output_tok_s"] / out["one_at_a_time"]["output_tok_s"]
     return out
 
@@ -91,14 +92,14 @@ def throughput(url: str, count: int, output_tokens: int) -> dict:
 def prefix_ttft(url: str, count: int) -> float:
     system = prompts(3, 1, 1024)[0]
     batch = [system + q for q in prompts(4, count, 32)]
-    results, _ = asyncio.run(run_requests(url, batch, 8, concurrent=False))
-    return float(np.mean([r["ttft"] for r in results]))
+    results, _ = run_requests(url, batch, 8, concurrent=False)
+    return float(np.mean([r.ttft_s for r in results]))
 
 
 def latency(url: str, streams: int) -> dict:
-    results, _ = asyncio.run(run_requests(url, prompts(5, streams, 128), 64, concurrent=True))
-    ttft = [r["ttft"] for r in results]
-    itl = [t for r in results for t in r["itl"]]
+    results, _ = run_requests(url, prompts(5, streams, 128), 64, concurrent=True)
+    ttft = [r.ttft_s for r in results]
+    itl = [t for r in results for t in r.itl_s]
     return {"ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
             "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99))}
 

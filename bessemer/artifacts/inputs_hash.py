@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
 import bessemer
 from bessemer.format import container as fmt
@@ -31,17 +32,19 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _files_digest(root: Path, paths: list[Path]) -> str:
-    lines = [f"{p.relative_to(root).as_posix()}\0{fmt.sha256_file(p)}" for p in sorted(paths)]
+def _files_digest(root: Path, paths: list[Path], sha256_file: Callable[[Path], str] = fmt.sha256_file) -> str:
+    lines = [f"{p.relative_to(root).as_posix()}\0{sha256_file(p)}" for p in sorted(paths)]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def checkpoint_hash(model_dir: Path) -> str:
-    """Content hash of the checkpoint files that build_engine reads or copies."""
+def checkpoint_hash(model_dir: Path, sha256_file: Callable[[Path], str] = fmt.sha256_file) -> str:
+    """Content hash of the checkpoint files that build_engine reads or copies. `sha256_file`
+    may be a memoized one (builder/hash_memo.py: the engine cache re-keys a checkpoint on
+    every start and must not re-read gigabytes each time)."""
     model_dir = Path(model_dir)
     names = {"config.json", *TOKENIZER_FILES}
     paths = [p for p in model_dir.iterdir() if p.is_file() and (p.name in names or p.suffix == ".safetensors")]
-    return _files_digest(model_dir, paths)
+    return _files_digest(model_dir, paths, sha256_file)
 
 
 def builder_source_hash() -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from bessemer.cli.build_flags import QUANT_FLAGS, build_config, build_options
 from bessemer.cli.common import Progress, fail, user_errors
 
 OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_block_size", "kv_cache_dtype",
@@ -16,11 +17,6 @@ OPTION_FLAGS = ("dtype", "max_seq_len", "max_batch_size", "max_num_tokens", "kv_
 def _terminated(signum, frame):
     raise SystemExit("error: build-engine was terminated (SIGTERM); nothing was written, the previous "
                      "engine (if any) is unchanged")
-
-
-QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
-               "fp8_activations",
-               "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 
 
 def _load_yaml(path: str) -> dict:
@@ -45,23 +41,13 @@ def _load_yaml(path: str) -> dict:
 @click.command(name="build-engine", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_dir", type=click.Path(path_type=str))
 @click.option("--output", "-o", type=click.Path(path_type=str), help="Engine directory to write.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="Weight (and KV cache) dtype; float16 is for --target cuda. [default: float32, cuda: bfloat16]")
+@build_options()
 @click.option("--target", type=click.Choice(["cpu", "cuda"]),
               help="What the engine runs on: cpu, or cuda (NVIDIA GPUs; kernels compiled ahead of time here, "
                    "no GPU needed; needs pip install 'bessemer[cuda]'). [default: cpu]")
 @click.option("--gpu-arch", type=click.Choice(["sm_90"]), help="--target cuda: the GPU to compile for. [default: sm_90]")
-@click.option("--max-seq-len", type=int, help="Longest prompt+output a request may have. [default: min(model, 4096)]")
-@click.option("--max-batch-size", type=int, help="Sequences per step. [default: 16]")
-@click.option("--max-num-tokens", type=int, help="Tokens per step; longer prompts are prefilled in chunks. [default: 2048]")
-@click.option("--kv-block-size", type=int, help="Tokens per paged KV-cache block. [default: 16]")
-@click.option("--kv-cache-dtype", type=click.Choice(["float32", "bfloat16", "int8", "fp8"]),
-              help="KV cache storage; int8/fp8 (E4M3): one-byte codes with a dynamic scale per "
-              "(token, KV head). [default: --dtype]")
 @click.option("--tp", "tp_size", type=int, help="Tensor-parallel ranks: one rank file each, run as that many processes. [default: 1]")
 @click.option("--workers", type=int, help="Build this many ranks at once, each in its own process. [default: 1]")
-@click.option("--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq | fp8. [default: none]")
-@click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]")
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
 @click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "
               "[default: model.embed_tokens]")
@@ -95,11 +81,8 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
     # SIGTERM unwinds like an error: the build's cleanup removes its temp directory
     signal.signal(signal.SIGTERM, _terminated)
     from bessemer.builder.build import build_engine
-    from bessemer.builder.config import BuildConfig
 
     options = _load_yaml(config_file) if config_file else {}
-    from bessemer.quantization.config import QuantConfig
-
     flags = dict(dtype=dtype, target=target, gpu_arch=gpu_arch, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
                  max_num_tokens=max_num_tokens, kv_block_size=kv_block_size, kv_cache_dtype=kv_cache_dtype,
                  tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
@@ -114,15 +97,7 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
     workers = options.pop("workers", 1)
     if not output:
         fail("no output directory given; pass --output ENGINE_DIR")
-    quant_options = {k: options.pop(k) for k in QUANT_FLAGS if k in options}
-    mode = quant_options.pop("quant", None)
-    if quant_options and not mode:
-        fail(f"--{next(iter(quant_options)).replace('_', '-')} needs --quant MODE")
-    if "exclude_modules" in quant_options:
-        quant_options["exclude_modules"] = tuple(p.strip() for p in quant_options["exclude_modules"] if p.strip())
-    if options.get("target") == "cuda":
-        options.setdefault("dtype", "bfloat16")  # the cuda kernels' activation dtype
-    build = BuildConfig(**options, quant=QuantConfig(mode, **quant_options) if mode else None)
+    build = build_config(options)
     path = build_engine(model_dir, output, build, dump_ir=dump_ir, progress=Progress(quiet), workers=workers)
     click.echo(str(path))
 

@@ -1,4 +1,4 @@
-"""`bessemer` command group: build, run, eval, serve, inspect, diff."""
+"""`bessemer` command group: build, run, eval, serve, bench, inspect, diff."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import click
 
-from bessemer.cli import artifacts, build, evaluate, run, serve
+from bessemer.cli import artifacts, bench, build, evaluate, run, serve
 from bessemer.cli.common import Progress, fail, user_errors
 
 
@@ -20,6 +20,7 @@ main.add_command(build.main, name="build")
 main.add_command(run.main, name="run")
 main.add_command(evaluate.main, name="eval")
 main.add_command(serve.main, name="serve")
+main.add_command(bench.main, name="bench")
 main.add_command(artifacts.ci_build, name="ci-build")
 main.add_command(artifacts.verify, name="verify")
 

@@ -1,4 +1,7 @@
-"""run-engine ENGINE_DIR (--prompt TEXT ... | --input-file FILE): parse flags, call LLM.generate."""
+"""run-engine MODEL_OR_ENGINE (--prompt TEXT ... | --input-file FILE): parse flags, call LLM.generate.
+
+MODEL_OR_ENGINE: an engine directory, or a HF checkpoint directory / hub id built once into
+the engine cache with the build flags (builder/engine_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from bessemer.cli.build_flags import build_config, model_options
 from bessemer.cli.common import (MAX_TEXT_FILE_MIB, Progress, error, fail, gpu_kwargs, gpu_options, read_text_file,
                                  speculative_config, speculative_options, user_errors)
 
@@ -23,7 +27,7 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 
 
 @click.command(name="run-engine", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.argument("engine_dir", metavar="MODEL_OR_ENGINE", type=click.Path(path_type=str))
 @click.option("--prompt", "prompts", multiple=True, help="Prompt text; repeat for a batch.")
 @click.option("--input-file", type=click.Path(path_type=str),
               help=f"UTF-8 file with one prompt per line (at most {MAX_TEXT_FILE_MIB} MiB).")
@@ -47,12 +51,14 @@ def _read_prompts(prompts: tuple[str, ...], input_file: str | None) -> list[str]
 @click.option("--kv-cache-gib", type=float, default=None,
               help="KV-cache budget (cpu default 1; cuda default: --gpu-memory-utilization).")
 @gpu_options
+@model_options()
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top_k, top_p, seed,
          ignore_eos, stream, as_json, threads, json_schema, regex, grammar, speculative, draft_engine,
-         num_speculative_tokens, ngram_max, kv_cache_gib, device, gpu_memory_utilization, enforce_eager, quiet):
-    """Generate text with a Bessemer engine."""
+         num_speculative_tokens, ngram_max, kv_cache_gib, device, gpu_memory_utilization, enforce_eager, quiet,
+         engine_cache, **build_flags):
+    """Generate text with a Bessemer engine (or a checkpoint, built once into the engine cache)."""
     from bessemer.runtime.llm import LLM, SamplingParams
 
     texts = _read_prompts(prompts, input_file)
@@ -63,7 +69,8 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, json_schema=_read_schema(json_schema),
                             regex=regex, grammar=read_text_file(grammar, "--grammar") if grammar is not None else None)
     progress(f"loading engine {engine_dir}")
-    llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+    llm = LLM(model=engine_dir, build_config=build_config(build_flags), engine_cache=engine_cache,
+              num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
               speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
               **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
     progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")

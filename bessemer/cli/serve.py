@@ -1,10 +1,16 @@
-"""bessemer serve ENGINE_DIR: an OpenAI-compatible HTTP server (bessemer/serving)."""
+"""bessemer serve MODEL_OR_ENGINE: an OpenAI-compatible HTTP server (bessemer/serving).
+
+MODEL_OR_ENGINE: an engine directory, or a HF checkpoint directory / hub id built once into
+the engine cache with the build flags (builder/engine_cache.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from bessemer.cli.common import fail, read_text_file, speculative_config, speculative_options, user_errors
+from bessemer.cli.build_flags import build_config, model_options
+from bessemer.cli.common import Progress, fail, read_text_file, speculative_config, speculative_options, user_errors
 from bessemer.runtime.constraint_limits import ConstraintLimits
 from bessemer.serving.cors import CorsPolicy
 from bessemer.serving.limits import ServerLimits
@@ -13,12 +19,13 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
 
 
 @click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("engine_dir", type=click.Path(path_type=str))
+@click.argument("engine_dir", metavar="MODEL_OR_ENGINE", type=click.Path(path_type=str))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; 0.0.0.0 exposes the server to the network.")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--max-num-seqs", type=int, default=None, help="Sequences per step (at most the engine's).")
-@click.option("--max-num-tokens", type=int, default=None, help="Tokens per step (at most the engine's).")
+@click.option("--max-num-tokens", type=int, default=None,
+              help="Tokens per step (at most the engine's); building from a checkpoint, the engine's too.")
 @click.option("--kv-cache-gib", type=float, default=None,
               help="KV-cache budget; 0 gives the minimum pool (one full-length sequence). [default: 1]")
 @click.option("--no-prefix-cache", is_flag=True, help="Turn off automatic prefix caching.")
@@ -32,7 +39,8 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
               help="A Jinja chat template to use instead of the engine's own.")
 @click.option("--tool-call-parser", type=click.Choice(PARSER_NAMES), default="auto", show_default=True,
               help="The format of the model's tool calls (tool_choice auto); auto reads it from the chat template.")
-@click.option("--model-name", default=None, help="Name clients pass as `model`. [default: engine dir name]")
+@click.option("--model-name", default=None,
+              help="Name clients pass as `model`. [default: the directory's name, or the hub id]")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
@@ -64,13 +72,17 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
 @click.option("--constraint-timeout", type=float, default=ConstraintLimits.compile_timeout_s, show_default=True,
               help="Seconds a request's constraint may take to compile (then 400).")
 @speculative_options
+@model_options(exclude=("max_num_tokens",))  # serve's own --max-num-tokens above feeds the build too
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines while an engine is built.")
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
          model_name, threads, log_level, metrics_prefix, log_stats_interval, max_request_bytes, max_n,
          header_timeout, body_timeout, max_prompts, max_prompt_tokens, max_constraint_bytes, max_grammar_rules,
          max_schema_depth, constraint_timeout, speculative, draft_engine, num_speculative_tokens, ngram_max,
-         drain_timeout, allowed_origins, allowed_methods, allowed_headers, chat_template_file, tool_call_parser):
-    """Serve an engine over HTTP (OpenAI /v1/completions and /v1/chat/completions)."""
+         drain_timeout, allowed_origins, allowed_methods, allowed_headers, chat_template_file, tool_call_parser,
+         engine_cache, quiet, **build_flags):
+    """Serve an engine (or a checkpoint, built once into the engine cache) over HTTP
+    (OpenAI /v1/completions and /v1/chat/completions)."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -98,9 +110,18 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
 
         chat_template = read_text_file(chat_template_file, "--chat-template")
         check_chat_template(chat_template, f"--chat-template {chat_template_file}")
+    from bessemer.builder.build import is_engine_dir
+    from bessemer.builder.engine_cache import resolve_engine
+
+    model = engine_dir
+    if not is_engine_dir(Path(model).expanduser()):  # a checkpoint is built with the step size it is served with
+        build_flags["max_num_tokens"] = max_num_tokens
+    engine_dir = resolve_engine(model, build_config(build_flags), engine_cache, Progress(quiet))
+    local = Path(model).expanduser()
+    model_name = model_name or (local.resolve().name if local.exists() else model)
     from bessemer.serving.server import run
 
-    run(engine_dir, host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
+    run(str(engine_dir), host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
         metrics_prefix=metrics_prefix, log_stats_interval=log_stats_interval, cors=cors,
         chat_template=chat_template, tool_call_parser=tool_call_parser,
         max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,

@@ -42,8 +42,9 @@ class CalibrationSpec:
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("BESSEMER_CACHE", Path.home() / ".cache" / "bessemer"))
-    return root / "calibration"
+    from bessemer.cache_root import cache_root
+
+    return cache_root() / "calibration"
 
 
 def _content_hash(model_dir: Path, spec: CalibrationSpec, tag: str = "") -> str:

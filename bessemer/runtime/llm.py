@@ -29,13 +29,14 @@ def _read_through(name: str) -> property:
 
 
 class LLM:
-    def __init__(self, engine_dir: str | os.PathLike, num_threads: int | None = None,
+    def __init__(self, engine_dir: str | os.PathLike | None = None, num_threads: int | None = None,
                  kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
                  seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
                  speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
                  say: Callable[[str], None] | None = None, interpret: bool = False,
-                 constraint_limits: ConstraintLimits | None = None):
+                 constraint_limits: ConstraintLimits | None = None, *, model: str | os.PathLike | None = None,
+                 build_config=None, engine_cache: str | os.PathLike | None = None):
         """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
         (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
         waits for a late peer inside a step before the engine stops with an error.
@@ -45,7 +46,21 @@ class LLM:
         `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off; `say`
         receives load progress; `interpret` runs a cuda engine on CPU through the Triton
         interpreter (slow; for tests and debugging without a GPU); `constraint_limits` bound
-        the JSON schemas, regexes and grammars of requests (runtime/constraint_limits.py)."""
+        the JSON schemas, regexes and grammars of requests (runtime/constraint_limits.py).
+
+        `model` (as vLLM's; or positionally, as `engine_dir`) may also be a HF checkpoint
+        directory or a hub id: it is built once with `build_config` (a BuildConfig; None:
+        the defaults) into the engine cache `engine_cache` (default: BESSEMER_CACHE or
+        ~/.cache/bessemer, then engines/) and reused afterwards (builder/engine_cache.py).
+        An engine directory loads as it is and takes no `build_config`."""
+        if engine_dir is not None and model is not None:
+            raise InvalidOptionError("pass the engine or checkpoint once: LLM(path) or LLM(model=path), not both")
+        if engine_dir is None and model is None:
+            raise InvalidOptionError("LLM needs an engine directory, a HF checkpoint directory or a hub id: "
+                                     "LLM(model=path)")
+        from bessemer.builder.engine_cache import resolve_engine
+
+        engine_dir = resolve_engine(model if model is not None else engine_dir, build_config, engine_cache, say)
         self.llm_engine = LLMEngine(engine_dir, num_threads, kv_cache_gib, isa, verify_checksum, seed,
                                     enable_prefix_caching, tp_timeout_s, speculative, device,
                                     gpu_memory_utilization, enforce_eager, say, interpret,
