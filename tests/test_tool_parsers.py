@@ -193,7 +193,11 @@ def servers(smollm2_engine, tmp_path_factory):
     (copy / "chat_template.jinja").write_text(MISTRAL_TEMPLATE)
     started = {"hermes": Server(engine, tmp / "hermes.log", "--chat-template", str(tmp / "hermes.jinja")),
                "mistral": Server(copy, tmp / "mistral.log"),
-               "plain": Server(engine, tmp / "plain.log", "--tool-call-parser", "llama3_json")}
+               "plain": Server(engine, tmp / "plain.log", "--tool-call-parser", "llama3_json"),
+               "llama3_json": Server(engine, tmp / "llama3.log", "--chat-template", str(tmp / "hermes.jinja"),
+                                     "--tool-call-parser", "llama3_json"),
+               "qwen3": Server(engine, tmp / "qwen3.log", "--chat-template", str(tmp / "hermes.jinja"),
+                               "--tool-call-parser", "qwen3")}
     try:
         for s in started.values():
             s.wait_ready()
@@ -264,6 +268,19 @@ def test_mistral_auto_calls_stream(servers):
     content, calls, deltas, reasons = stream_chat(servers["mistral"], conversation(answer), tools=[WEATHER])
     assert content == "" and reasons == ["tool_calls"] and len(deltas) > 3
     assert calls == {0: ["get_weather", '{"city": "Paris"}']}
+
+
+@pytest.mark.parametrize("parser, answer", [
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("qwen3", '<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+              '"arguments": {"city": "Paris"}}\n</tool_call>'),
+])
+def test_llama3_json_and_qwen3_auto_calls_stream(servers, parser, answer):
+    """The two other parsers through a real server named by --tool-call-parser."""
+    content, calls, deltas, reasons = stream_chat(servers[parser], conversation(answer), tools=[WEATHER])
+    assert reasons == ["tool_calls"] and len(deltas) > 3, (content, calls, reasons)
+    assert calls == {0: ["get_weather", '{"city": "Paris"}']}
+    assert "<tool_call>" not in content and "get_weather" not in content
 
 
 def test_tool_choice_none_on_a_template_without_tools(servers):
