@@ -15,6 +15,12 @@ FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence
 INT_FIELDS = ("max_tokens", "top_k", "seed", "logprobs", "min_tokens", "n", "prompt_logprobs")
 BOOL_FIELDS = ("include_stop_str_in_output", "skip_special_tokens")
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
+# Stop strings are searched in the text and bad words matched against the output at every
+# step, on the engine thread that serves every request: their number and length are bounded
+# so one request cannot slow every step (OpenAI allows 4 stop strings; these are generous).
+MAX_STOP_STRINGS = 64
+MAX_BAD_WORDS = 256
+MAX_WORD_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class SamplingParams:
             raise InvalidOptionError(f"seed must be in [0, 2^63), got {self.seed}")
         if any(s == "" for s in self.stop_strings):
             raise InvalidOptionError("stop strings must not be empty (an empty one would end every output at once)")
+        _check_words("stop", self.stop_strings, MAX_STOP_STRINGS)
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidOptionError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:
@@ -117,6 +124,7 @@ class SamplingParams:
             for word in self.bad_words:
                 if not isinstance(word, str) or not word.strip():
                     raise InvalidOptionError(f"bad_words must hold non-blank strings, got {word!r}")
+            _check_words("bad_words", self.bad_words, MAX_BAD_WORDS)
 
     @property
     def constrained(self) -> bool:
@@ -132,3 +140,11 @@ class SamplingParams:
 def _check_token_id(field: str, token) -> None:
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
         raise InvalidOptionError(f"{field} holds {token!r}, which is not a token id (an integer >= 0)")
+
+
+def _check_words(field: str, words, most: int) -> None:
+    if len(words) > most:
+        raise InvalidOptionError(f"{field} holds {len(words)} strings; at most {most} are allowed")
+    longest = max((len(w) for w in words if isinstance(w, str)), default=0)
+    if longest > MAX_WORD_CHARS:
+        raise InvalidOptionError(f"{field} holds a string of {longest} characters; at most {MAX_WORD_CHARS} are allowed")
