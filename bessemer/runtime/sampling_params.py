@@ -21,6 +21,7 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
 MAX_STOP_STRINGS = 64
 MAX_BAD_WORDS = 256
 MAX_WORD_CHARS = 1024
+MAX_TOKEN_IDS = 2**18  # logit_bias / allowed_token_ids entries: more than any vocabulary has
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class SamplingParams:
             if not isinstance(self.logit_bias, dict):
                 raise InvalidOptionError("logit_bias must be a dict of token id -> bias, got a "
                                          f"{type(self.logit_bias).__name__}")
+            _check_words("logit_bias", self.logit_bias, MAX_TOKEN_IDS)
             for token, bias in self.logit_bias.items():
                 _check_token_id("logit_bias", token)
                 if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
@@ -116,6 +118,7 @@ class SamplingParams:
             if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
                 raise InvalidOptionError("allowed_token_ids must be a non-empty list of token ids (an empty one "
                                          "allows nothing)")
+            _check_words("allowed_token_ids", self.allowed_token_ids, MAX_TOKEN_IDS)
             for token in self.allowed_token_ids:
                 _check_token_id("allowed_token_ids", token)
         if self.bad_words is not None:
@@ -143,8 +146,9 @@ def _check_token_id(field: str, token) -> None:
 
 
 def _check_words(field: str, words, most: int) -> None:
+    """At most `most` entries (strings: of at most MAX_WORD_CHARS characters)."""
     if len(words) > most:
-        raise InvalidOptionError(f"{field} holds {len(words)} strings; at most {most} are allowed")
+        raise InvalidOptionError(f"{field} holds {len(words)} entries; at most {most} are allowed")
     longest = max((len(w) for w in words if isinstance(w, str)), default=0)
     if longest > MAX_WORD_CHARS:
         raise InvalidOptionError(f"{field} holds a string of {longest} characters; at most {MAX_WORD_CHARS} are allowed")
