@@ -291,7 +291,7 @@ class AsyncLLM:
             delta = Delta(index, u.text, u.token_ids, seq.finish_reason, u.logprobs, seq.num_prompt_tokens,
                           len(seq.token_ids) - seq.num_prompt_tokens, stream.arrival_time, seq.first_token_time,
                           seq.last_token_time, seq.error if seq.finish_reason == "error" else None,
-                          getattr(seq, "prompt_logprobs", None) if seq.finish_reason is not None else None,
+                          seq.prompt_logprobs if seq.finish_reason is not None else None,
                           seq.first_scheduled_time)
             if seq.finish_reason is not None:
                 del self._owners[seq.seq_id]

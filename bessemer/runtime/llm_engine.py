@@ -157,19 +157,23 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens but the engine allows {self.max_seq_len} "
                 f"(prompt and output); shorten the prompt or rebuild with a larger --max-seq-len")
         self._check_in_vocabulary(token_ids)
+        seed = params.seed + index if params.seed is not None else self._seed + self._next_id
+        seq = Sequence(self._next_id, list(token_ids), len(token_ids), params, np.random.default_rng(seed),
+                       arrival_time=time.perf_counter())
+        if params.prompt_logprobs is not None and index == 0:  # the request's n sequences share one prompt
+            seq.prompt_logprobs = [None]  # the first token has no context (vLLM)
+        self._next_id += 1
+        return seq
+
+    def _check_params(self, params: SamplingParams) -> list[list[int]]:
+        """The checks of a request's params that need the vocabulary (once per request, not
+        per sequence); returns its bad_words as token sequences."""
         self._check_in_vocabulary(params.logit_bias or (), " in logit_bias")
         self._check_in_vocabulary(params.allowed_token_ids or (), " in allowed_token_ids")
         if params.prompt_logprobs is not None and params.prompt_logprobs > self.vocab_size:
             raise RequestError(f"prompt_logprobs {params.prompt_logprobs} exceeds the vocabulary "
                                f"({self.vocab_size} tokens); ask for at most {self.vocab_size}")
-        seed = params.seed + index if params.seed is not None else self._seed + self._next_id
-        seq = Sequence(self._next_id, list(token_ids), len(token_ids), params, np.random.default_rng(seed),
-                       arrival_time=time.perf_counter())
-        seq.bad_words = self._bad_words_token_ids(params)
-        if params.prompt_logprobs is not None and index == 0:  # the request's n sequences share one prompt
-            seq.prompt_logprobs = [None]  # the first token has no context (vLLM)
-        self._next_id += 1
-        return seq
+        return self._bad_words_token_ids(params)
 
     def _check_in_vocabulary(self, token_ids, where: str = "") -> None:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
@@ -197,9 +201,11 @@ class LLMEngine:
         (`self.grammars.submit(params)`, off this thread); else they are compiled here.
         `group`: the request these sequences belong to, for fair admission (several
         prompts of one API call share one; default: a group of their own)."""
+        bad_words = self._check_params(params)
         seqs = [self._new_sequence(token_ids, params, i) for i in range(params.n)]
         for seq in seqs:
             seq.group = seqs[0].seq_id if group is None else group
+            seq.bad_words = bad_words  # read only: one list serves the request's n sequences
         if grammars is None and params.constrained:  # a constraint that does not compile fails here
             grammars = self.grammars.states(params)
         for seq, grammar in zip(seqs, grammars or [None] * len(seqs)):

@@ -251,10 +251,11 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         if forced is not None and req.response_format is not None and req.response_format.type != "text":
             raise P.ApiError(400, "response_format and a forced tool call (tool_choice) both constrain the output; "
                                   "give one of them", param="response_format")
-        if req.tools and req.tool_choice != "none" and forced is None and req.constraints():
-            raise P.ApiError(400, f"{req.constraints()[0][0]} constrains the output, so the model could not call "
+        constraints = req.constraints() if req.tools and req.tool_choice != "none" and forced is None else []
+        if constraints:
+            raise P.ApiError(400, f"{constraints[0][0]} constrains the output, so the model could not call "
                                   "the tools it is given; send tool_choice 'none', or leave the constraint out",
-                             param=req.constraints()[0][0])
+                             param=constraints[0][0])
         params = req.sampling_params(req.max_new_tokens(len(prompt), engine.llm.max_seq_len), k, forced)
         parse_calls = bool(req.tools) and req.tool_choice != "none"
         call_format = tool_parsers.FORMATS["forced"] if forced is not None else auto_calls
