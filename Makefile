@@ -1,11 +1,16 @@
 # Bessemer: the commands a newcomer runs.
 #   make demo   set everything up, fetch SmolLM2, build an engine, generate text
-#   make test   set everything up and run the test suite (what CI runs)
+#   make test   set everything up and run the whole test suite (what CI runs) on TEST_WORKERS
+#               pytest-xdist processes
+#   make check  the edit loop: the tests not marked slow (pyproject.toml), on what
+#               `make install` set up
 PYTHON ?= python3
+# pytest-xdist workers: one per core of the 2-core machines CI runs on
+TEST_WORKERS ?= 2
 ENGINES ?= engines
 MODEL_DIR = $(shell $(PYTHON) -m bessemer.fixtures.smollm2 2>/dev/null | tail -n 1)
 
-.PHONY: install model demo test bench engines clean
+.PHONY: install model demo test check bench engines clean
 
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
@@ -21,8 +26,12 @@ demo: model
 		--prompt "What is the capital of France?" \
 		--prompt "Write a haiku about a steel mill."
 
+# --dist loadgroup: tests marked xdist_group share one worker (and the fixtures they build)
 test: install
-	$(PYTHON) -m pytest -q tests --durations=30
+	$(PYTHON) -m pytest -q tests -n $(TEST_WORKERS) --dist loadgroup --durations=30
+
+check:
+	$(PYTHON) -m pytest -q tests -n $(TEST_WORKERS) --dist loadgroup -m "not slow" --durations=10
 
 # Build, validate against HF and publish the engines of engines.yaml (what the engines CI job runs).
 engines: model

@@ -15,21 +15,27 @@ ParallelCompile("BESSEMER_BUILD_JOBS", default=0).install()
 EXTRA_COMPILE_ARGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenmp",
                       "-fno-math-errno", "-Wall", "-Wno-unknown-pragmas"]
 
+# The engine contract's C++ (rank-file reader, header JSON, tensor table, plan, step checks):
+# linked into every target's extension, so each reads an engine the same way.
+CONTRACT_SOURCES = sorted(glob("bessemer/format/csrc/*.cpp"))
+CONTRACT_INCLUDE = "bessemer/format/csrc"
+
 ext = Pybind11Extension(
     "bessemer._C",
-    # the engine contract's C++ (format/csrc) and the cpu target: executor, bindings and
-    # communicator (targets/cpu/csrc), kernels (targets/cpu/csrc/kernels)
-    sorted(glob("bessemer/format/csrc/*.cpp") + glob("bessemer/targets/cpu/csrc/*.cpp")
-           + glob("bessemer/targets/cpu/csrc/kernels/*.cpp")),
-    include_dirs=["bessemer/format/csrc", "bessemer/targets/cpu/csrc", "bessemer/targets/cpu/csrc/kernels"],
+    # the contract and the cpu target: executor, bindings and communicator
+    # (targets/cpu/csrc), kernels (targets/cpu/csrc/kernels)
+    CONTRACT_SOURCES + sorted(glob("bessemer/targets/cpu/csrc/*.cpp")
+                              + glob("bessemer/targets/cpu/csrc/kernels/*.cpp")),
+    include_dirs=[CONTRACT_INCLUDE, "bessemer/targets/cpu/csrc", "bessemer/targets/cpu/csrc/kernels"],
     extra_compile_args=EXTRA_COMPILE_ARGS,
     extra_link_args=["-fopenmp"],
 )
 
 cuda_ext = Pybind11Extension(
     "bessemer._cuda",
-    sorted(glob("bessemer/targets/cuda/csrc/*.cpp")),
-    include_dirs=["bessemer/targets/cuda/csrc"],
+    # the contract and the cuda target's executor (no CUDA headers or libraries: see above)
+    CONTRACT_SOURCES + sorted(glob("bessemer/targets/cuda/csrc/*.cpp")),
+    include_dirs=[CONTRACT_INCLUDE, "bessemer/targets/cuda/csrc"],
     extra_compile_args=["-O2", "-std=c++17", "-Wall"],
     libraries=["dl"],
 )
@@ -47,14 +53,17 @@ setup(
     extras_require={
         # The builder reads checkpoints with torch; the runtime needs none of these.
         "build": ["torch==2.13.0", "transformers", "gguf", "accelerate"],
-        "test": ["pytest", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi", "uvicorn",
-                 "httpx", "openmpi", "mpi4py", "llguidance==1.9.1", "jsonschema"],
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers", "gguf", "accelerate", "openai", "fastapi",
+                 "uvicorn", "httpx", "openmpi", "mpi4py", "llguidance==1.9.1", "jsonschema", "ray[serve]>=2.60"],
         "serve": ["fastapi", "uvicorn"],
+        # `bessemer serve --replicas N`: replicas behind one endpoint (bessemer/serving/ray); its router
+        # uses RequestRouter hooks (on_request_completed) that older Ray lacks: 2.60 is the one tested
+        "ray": ["ray[serve]>=2.60", "fastapi", "uvicorn"],
         # `bessemer bench serve` (its client is httpx; --plot draws with matplotlib)
         "bench": ["httpx", "matplotlib"],
         # constrained decoding (json_schema / regex / grammar, response_format, tools); no torch
         "structured": ["llguidance==1.9.1"],
-        # `mpirun -n N run-engine ...`: MPI rank discovery and collectives (runtime/tp_group.py)
+        # `mpirun -n N run-engine ...`: MPI rank discovery and collectives (targets/cpu/parallel/group.py)
         "mpi": ["openmpi", "mpi4py"],
         "tensorrt": ["tensorrt", "cuda-python", "onnx"],
         "quant": ["nvidia-modelopt", "requests"],

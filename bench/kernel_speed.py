@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bessemer import _C  # noqa: E402
-from bessemer.targets.cpu.lowering import QUANT_KERNELS  # noqa: E402
+from bessemer.targets.cpu.kernel_table import QUANT_KERNELS  # noqa: E402
 from bessemer.format.container import TensorEntry, rewrite_header, write_rank_file  # noqa: E402
 from bessemer.format.step import StepBatch  # noqa: E402
 from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402

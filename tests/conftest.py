@@ -7,13 +7,26 @@ session through the public build_engine API.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
-import pytest
+# Under pytest-xdist (`make test` runs `-n 2`) two workers share the 2 cores: each gets one
+# torch/BLAS thread, and OpenMP threads that sleep when idle instead of spinning (libgomp's
+# default spin would burn the core the other worker is computing on). Set before numpy,
+# torch or the engine's OpenMP runtime is loaded, which read them once at load.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bessemer.datasets import wikitext2_valid
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from bessemer.datasets import wikitext2_valid  # noqa: E402
 
 # The Triton-interpreter tests run only in their own process, started with TRITON_INTERPRET=1
 # by tests/test_cuda_interpreter.py (kernels compiled ahead of time cannot share it).
@@ -106,31 +119,62 @@ def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    made: dict[str, Path] = {}
+def run_dir(request, tmp_path_factory) -> Path:
+    """A directory of this run that every pytest-xdist worker sees (the workers' base temp
+    dirs' common parent); a plain run's own base temp dir. (A worker is told by its config,
+    not by PYTEST_XDIST_WORKER, which the pytest children some tests start inherit.)"""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(request.config, "workerinput") else base
 
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, name: str):
+    """An exclusive lock named `name`, shared by the workers of this run."""
+    with open(run_dir / f"{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_once(run_dir: Path, name: str, build: Callable[[Path], object]) -> Path:
+    """The directory `name`, filled by `build(directory)` once per run: the first xdist worker
+    to ask builds it, the others wait on its lock and reuse it. Built in place (a checkpoint
+    or an engine keeps the path it was built at); `.done` marks it whole."""
+    out = run_dir / name
+    done = out.with_name(f"{name}.done")
+    with run_lock(run_dir, name):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a build that died half way
+            out.mkdir(parents=True)
+            build(out)
+            done.touch()
+    return out
+
+
+def options_name(options: dict) -> str:
+    """A short file name for a dict of build options (values with a stable repr)."""
+    return hashlib.sha256(repr(sorted(options.items())).encode()).hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(run_dir):
     def get(kind: str) -> Path:
-        if kind not in made:
-            made[kind] = make_tiny_checkpoint(kind, tmp_path_factory.mktemp(f"hf-{kind}"))
-        return made[kind]
+        return build_once(run_dir, f"hf-{kind}", lambda out: make_tiny_checkpoint(kind, out))
 
     return get
 
 
 @pytest.fixture(scope="session")
-def tiny_engine(tiny_checkpoint, tmp_path_factory):
+def tiny_engine(tiny_checkpoint, run_dir):
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
-    built: dict[tuple, Path] = {}
-
     def get(kind: str, dtype: str = "float32", **options) -> Path:
-        key = (kind, dtype, tuple(sorted(options.items())))
-        if key not in built:
-            out = tmp_path_factory.mktemp(f"engine-{kind}-{dtype}") / "engine"
-            build_engine(tiny_checkpoint(kind), out, BuildConfig(dtype=dtype, **options))
-            built[key] = out
-        return built[key]
+        ckpt = tiny_checkpoint(kind)
+        return build_once(run_dir, f"engine-{kind}-{dtype}-{options_name(options)}", lambda out: build_engine(
+            ckpt, out / "engine", BuildConfig(dtype=dtype, **options))) / "engine"
 
     return get
 
@@ -191,18 +235,14 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_engine(smollm2_dir, tmp_path_factory):
+def smollm2_engine(smollm2_dir, run_dir):
+    """The SmolLM2 engine per dtype, built once per run (one build for all xdist workers)."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
-    built: dict[str, Path] = {}
-
     def get(dtype: str = "float32") -> Path:
-        if dtype not in built:
-            out = tmp_path_factory.mktemp(f"smollm2-{dtype}") / "engine"
-            build_engine(smollm2_dir, out, BuildConfig(dtype=dtype, max_seq_len=2048))
-            built[dtype] = out
-        return built[dtype]
+        return build_once(run_dir, f"smollm2-{dtype}", lambda out: build_engine(
+            smollm2_dir, out / "engine", BuildConfig(dtype=dtype, max_seq_len=2048))) / "engine"
 
     return get
 
@@ -222,34 +262,42 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` (make test), the tests of a module that use one of its
+    module-scoped fixtures (a server, an engine, a perplexity baseline) run on one worker,
+    which sets that fixture up once; every other test goes to whichever worker is free."""
+    for item in items:
+        fixture_defs = getattr(item, "_fixtureinfo", None)
+        if fixture_defs and any(defs[-1].scope == "module" for defs in fixture_defs.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """One cuda kernel cache for the session (and the interpreter child processes, which
-    inherit it): hermetic, and every distinct kernel is compiled once per run."""
+def kernel_cache(run_dir):
+    """One cuda kernel cache for the run (its xdist workers and the interpreter child
+    processes, which inherit it): hermetic, and every distinct kernel is compiled once."""
     path = os.environ.get("BESSEMER_KERNEL_CACHE")
     if path is None:
-        path = str(tmp_path_factory.mktemp("kernel-cache"))
-        os.environ["BESSEMER_KERNEL_CACHE"] = path
+        # shared by the xdist workers too: entries are written atomically and checked on read
+        cache = run_dir / "kernel-cache"
+        cache.mkdir(exist_ok=True)
+        path = os.environ["BESSEMER_KERNEL_CACHE"] = str(cache)
     return path
 
 
 @pytest.fixture(scope="session")
-def cuda_engine(tiny_checkpoint, tmp_path_factory, kernel_cache):
+def cuda_engine(tiny_checkpoint, run_dir, kernel_cache):
     """Tiny cuda engines built through the public API (kernels compiled once per session)."""
     pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
-    built: dict[tuple, Path] = {}
-
     def get(kind: str, **options) -> Path:
         options = {"dtype": "bfloat16", "kv_block_size": 4, "max_num_tokens": 24, "max_seq_len": 128, **options}
-        key = (kind, tuple(sorted(options.items())))
-        if key not in built:
-            out = tmp_path_factory.mktemp(f"cuda-engine-{kind}") / "engine"
-            build_engine(tiny_checkpoint(kind), out, BuildConfig(target="cuda", **options))
-            built[key] = out
-        return built[key]
+        ckpt = tiny_checkpoint(kind)
+        return build_once(run_dir, f"cuda-engine-{kind}-{options_name(options)}", lambda out: build_engine(
+            ckpt, out / "engine", BuildConfig(target="cuda", **options))) / "engine"
 
     return get
 

@@ -235,6 +235,7 @@ def test_rebuild_is_byte_identical(tiny_out, tmp_path):
             assert filecmp.cmp(out1 / name / f, tmp_path / "out2" / name / f, shallow=False)
 
 
+@pytest.mark.slow
 def test_failing_gate_fails_the_job_and_is_not_published(smollm2_dir, tiny_checkpoint, tmp_path):
     entries = [
         {"name": "smollm2-strict", "source": "smollm2", "build": {"max_seq_len": 256},

@@ -129,6 +129,7 @@ def test_killed_build_leaves_no_partial_engine(tiny_checkpoint, tmp_path):
     assert not out.exists() and no_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_eval_json_and_reference(smollm2_dir, smollm2_engine):
     # the built-in name: WikiText-2 validation text ships in the package
     proc = run("bessemer", "eval", str(smollm2_engine("float32")), "--dataset", "wikitext2",

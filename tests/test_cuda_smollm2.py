@@ -25,6 +25,7 @@ def smollm2_cuda_engine(smollm2_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine):
     path = smollm2_cuda_engine / "rank0.engine"
     _, _, header, data_offset = read_rank_header(path)
@@ -46,6 +47,7 @@ def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine
     assert all("HGMMA" in k["tensor_core_ops"] for k in kernels if k["function"] == "attention_prefill_kernel")
 
 
+@pytest.mark.slow  # builds the SmolLM2 cuda engine (with the test above)
 def test_smollm2_cuda_build_report(smollm2_cuda_engine):
     report = json.loads((smollm2_cuda_engine / "build_report.json").read_text())
     kernels = report["kernels"]
@@ -55,6 +57,7 @@ def test_smollm2_cuda_build_report(smollm2_cuda_engine):
           f"{kernels['distinct']} kernels ({kernels['compiled']} compiled in {kernels['seconds']:.1f} s)")
 
 
+@pytest.mark.slow
 def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel_cache):
     """Quantized cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head,
     fp8 with dynamic activation scales): every quantized GEMM cubin passes the

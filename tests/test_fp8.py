@@ -229,6 +229,7 @@ def _check_logits(llm, kind, tiny_checkpoint, scales):
             h.remove()
 
 
+@pytest.mark.slow
 def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, monkeypatch):
     """WikiText-2 by the issue's protocol (8192 tokens, windows of 1024), calibration on the
     held-out second half: fp8 (GPTQ-rounded E4M3 weights, static E4M3 activations) within

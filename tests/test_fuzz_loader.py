@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # a fixed 15 s of fuzzing
 def test_mutated_rank_files_are_refused_or_run_never_crash(tiny_engine, tmp_path):
     seconds = float(os.environ.get("BESSEMER_FUZZ_SECONDS", "15"))
     last = tmp_path / "last-case.txt"

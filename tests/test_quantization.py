@@ -76,22 +76,29 @@ def _C_header(engine) -> str:
     return _C.EngineFile(str(engine / "rank0.engine")).header
 
 
+def fake_quantize_rows(w: np.ndarray, quant: QuantConfig, int8: bool = False) -> np.ndarray:
+    """dequantize(quantize(w)) of (N, K) rows by the primitives (int8: per channel, as lm_head)."""
+    if quant.bits == 8 or int8:
+        return prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w))
+    g = prim.effective_group_size(w.shape[1], quant.group_size)
+    scale, offset = int4_grid(w, g, quant.zero_point)  # the builder's grid
+    return prim.dequantize_int4(prim.quantize_int4(w, scale, offset, g), scale, offset, g)
+
+
 def _fake_quantize_hf(model, quant: QuantConfig):
-    """HF model whose quantized linears hold dequantize(quantize(w)) (same primitives)."""
+    """HF model whose quantized linears and MoE experts hold dequantize(quantize(w)) (same primitives)."""
     import torch
 
+    from test_moe_quant import fake_quantize_experts
+
+    fake_quantize_experts(model, quant)
     with torch.no_grad():
         for name, mod in model.named_modules():
             if not isinstance(mod, torch.nn.Linear) or (name == "lm_head" and quant.lm_head == "none"):
                 continue
             # a tied lm_head shares its Parameter with the embedding: both see the int8 table
             w = mod.weight.detach().numpy().astype(np.float32)
-            if quant.bits == 8 or name == "lm_head":
-                approx = prim.dequantize_int8_per_channel(*prim.quantize_int8_per_channel(w))
-            else:
-                g = prim.effective_group_size(w.shape[1], quant.group_size)
-                scale, offset = int4_grid(w, g, quant.zero_point)  # the builder's grid
-                approx = prim.dequantize_int4(prim.quantize_int4(w, scale, offset, g), scale, offset, g)
+            approx = fake_quantize_rows(w, quant, int8=name == "lm_head")
             mod.weight.copy_(torch.from_numpy(approx))
             if quant.bits == 4 and name != "lm_head":
                 # linear_w4a16@2 reads its activations rounded to bf16 (nearest even): the
@@ -110,13 +117,13 @@ QUANT_CASES = [("llama-untied", QuantConfig("w8a16")), ("llama-untied", QuantCon
                ("olmo2", QuantConfig("w4a16", group_size=32)), ("phi3", QuantConfig("w4a16", group_size=32)),
                ("qwen3", QuantConfig("w4a16", group_size=32)), ("granite", QuantConfig("w8a16")),
                ("gemma3", QuantConfig("w4a16", group_size=32)),
-               # MoE: attention (and Qwen3-MoE's dense layer 1) quantized; routers and experts in fp32
+               # MoE: attention, experts (and Qwen3-MoE's dense layer 1) quantized; routers in fp32
                ("qwen3-moe", QuantConfig("w8a16")), ("mixtral", QuantConfig("w4a16", group_size=32)),
                ("gpt-oss", QuantConfig("w8a16")), ("qwen2-moe", QuantConfig("w8a16"))]
-# quantized linears besides lm_head: qkv, o, gate_up, down per layer, fewer where a layer's
-# MLP is a moe op (its experts and router are not linears the quantize pass stores quantized)
-QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4, "mixtral": 2 + 2, "gpt-oss": 2 + 2,
-                     "qwen2-moe": 2 * 5}  # + the shared expert's gate_up, down and its sigmoid gate
+# quantized weights besides lm_head: qkv, o, gate_up, down per layer; a moe layer's router
+# stays fp32 and its experts' gate_up and down are quantized (tests/test_moe_quant.py)
+QUANTIZED_LINEARS = {"qwen3-moe": 2 + 4 + 2, "mixtral": 2 * 4, "gpt-oss": 2 * 4,
+                     "qwen2-moe": 2 * 5 + 2 * 2}  # + the shared expert's gate_up, down and its sigmoid gate
 
 
 @pytest.mark.parametrize("kind,quant", QUANT_CASES,

@@ -57,10 +57,10 @@ def assert_greedy_under(llm: LLM, prompt: list[int], out_ids: list[int], adjust)
 def generate_both(llms, prompt, params) -> list[int]:
     """The tokens of `prompt` without and with speculation, checked equal (greedy)."""
     (plain, spec) = llms
-    drafts = spec.llm_engine.num_draft_tokens
+    drafts = spec.llm_engine.stats().num_draft_tokens
     out = plain.generate([prompt], params)[0].token_ids
     assert spec.generate([prompt], params)[0].token_ids == out
-    assert spec.llm_engine.num_draft_tokens > drafts  # the controls ran on drafts too
+    assert spec.llm_engine.stats().num_draft_tokens > drafts  # the controls ran on drafts too
     return out
 
 

@@ -179,6 +179,7 @@ def stream(server, body: dict, out: dict, started: threading.Event, headers=None
     started.set()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_running_requests_then_aborts_what_outlives_the_timeout(engine, tmp_path):
     s = Server(engine, tmp_path / "drained.log", "--drain-timeout", str(DRAIN_S))
     try:

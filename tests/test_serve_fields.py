@@ -370,6 +370,7 @@ def test_constraints_that_break_the_compiler_or_matcher_fail_alone(server):
     assert errors[0]["choices"][0]["finish_reason"] == "length"  # the other request never noticed
 
 
+@pytest.mark.slow
 def test_one_request_of_20000_prompts_does_not_starve_another(server):
     words = " ".join(f"w{i}" for i in range(150))
     body = json.dumps({"prompt": [f"{i} {words}" for i in range(20_000)], "max_tokens": 1, "temperature": 0}).encode()

@@ -117,6 +117,7 @@ def stream_text(server) -> str:
     return "".join(text)
 
 
+@pytest.mark.slow
 def test_bad_requests_do_not_disturb_a_long_generation(server):
     alone = stream_text(server)
     with ThreadPoolExecutor(8) as pool:

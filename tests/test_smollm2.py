@@ -34,6 +34,7 @@ def test_tokenizer_and_chat_template_match_hf(smollm2_dir, fp32_llm):
     assert ours == list(theirs)
 
 
+@pytest.mark.slow
 def test_greedy_48_tokens_identical_to_hf(smollm2_dir, fp32_llm):
     import torch
 
@@ -52,6 +53,7 @@ def test_chat_generation_answers(fp32_llm):
     assert "Paris" in out.text
 
 
+@pytest.mark.slow
 def test_perplexity_fp32_matches_hf_and_bf16_within_1_percent(smollm2_dir, smollm2_engine, fp32_llm):
     import torch
 

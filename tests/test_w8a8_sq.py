@@ -137,6 +137,7 @@ def test_modelopt_backend_builds_and_is_recorded(tiny_sq, tmp_path, monkeypatch)
     np.testing.assert_allclose(a.score(ids)[0], b.score(ids)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_smollm2_w8a8_sq_perplexity_within_3_percent(smollm2_dir, smollm2_engine, tmp_path, calibration_text):
     """Protocol of `bessemer eval`, lean for CI: 2048 tokens of WikiText-2, windows of 512;
     calibrated on the held-out second half of the file."""

@@ -65,7 +65,7 @@ def capture_hf(model_dir: Path, ids: list[int], vocab_size: int | None = None) -
     vocabulary must be `vocab_size` (the engine's) when given."""
     import torch
 
-    from bessemer.runtime.evaluate import load_hf_model
+    from bessemer.builder.hf_loader import load_hf_model
 
     model = load_hf_model(model_dir, "bessemer diff --reference", vocab_size=vocab_size)
     seen: dict[str, tuple] = {}
@@ -115,12 +115,29 @@ def reference_value(node, graph, hf: dict) -> np.ndarray | None:
 
 
 def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
-    """The output of plan step `step` for one prompt, computed by the engine's kernels: the
-    plan cut after that step, plus one `add` of the output to itself into a fresh buffer as
-    wide as the vocabulary (the executor returns vocab_size columns and checks token ids
-    against it), halved here (x + x and / 2 are exact)."""
+    """The output of plan step `step` for one prompt, computed by the engine's kernels (see
+    prefix_executor)."""
+    bs = int(engine.build["kv_block_size"])
+    blocks = -(-len(ids) // bs)
+    made = prefix_executor(engine, step, blocks + 1, workdir)
+    if made is None:
+        return None
+    executor, width = made
+    t = len(ids)
+    doubled = executor.step(StepBatch.of(ids, np.arange(t), [0, t], [t], np.arange(blocks)[None, :], np.arange(t)))
+    return doubled[:, :width] / np.float32(2)
+
+
+def prefix_executor(engine, step: int, num_kv_blocks: int, workdir: Path, num_threads: int = 1):
+    """(executor, width): an executor whose "logits" are plan step `step`'s output doubled
+    (None if that output is wider than the vocabulary): the plan cut after that step, plus
+    one `add` of the output to itself into a fresh buffer as wide as the vocabulary (the
+    executor returns vocab_size columns and checks token ids against it); the caller keeps
+    columns [0, width) and halves them (x + x and / 2 are exact). A step without outputs
+    (rope works in place) gives its first input as it is after the step."""
     plan = engine.header["plan"]
-    buf, col, width = plan["steps"][step]["outs"][0]
+    s = plan["steps"][step]
+    buf, col, width = (s["outs"] or s["ins"])[0]
     vocab = plan["vocab_size"]
     if width > vocab:
         return None
@@ -136,17 +153,12 @@ def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
     layers = max((int(s["attrs"]["layer"]) + 1 for s in steps if "layer" in s["attrs"]), default=0)
     truncated = dict(plan, steps=steps, logits=[out, 0, vocab], kv_cache=dict(plan["kv_cache"], num_layers=layers),
                      buffers=plan["buffers"] + [{"id": out, "width": vocab, "rows": rows}])
-    bs = int(engine.build["kv_block_size"])
-    blocks = -(-len(ids) // bs)
     header = dict(engine.header, plan=truncated)
     # the executor reads the plan from its rank file: a copy with this plan in its header
     rank = workdir / engine.rank_path.name
     if not rank.exists() or not container.write_header_in_place(rank, header):
         container.rewrite_header(engine.rank_path, rank, lambda h: h.update(plan=truncated))
-    executor = replace(engine, header=header, rank_path=rank).create_executor(1, blocks + 1)
-    t = len(ids)
-    doubled = executor.step(StepBatch.of(ids, np.arange(t), [0, t], [t], np.arange(blocks)[None, :], np.arange(t)))
-    return doubled[:, :width] / np.float32(2)
+    return replace(engine, header=header, rank_path=rank).create_executor(num_threads, num_kv_blocks), width
 
 
 def load_diffable(engine_dir: str | Path):
@@ -183,7 +195,7 @@ def check_prompt(engine, ids: list[int]) -> None:
 
 def diff_engine(engine_dir: str | Path, model_dir: str | Path, ids: list[int], rtol: float | None = None,
                 progress=lambda m: None) -> tuple[list[NodeDiff], float]:
-    from bessemer.runtime.evaluate import require_hf_checkpoint
+    from bessemer.builder.hf_loader import require_hf_checkpoint
 
     engine = load_diffable(engine_dir)
     check_prompt(engine, ids)

@@ -16,7 +16,8 @@ import hashlib
 from pathlib import Path
 from typing import Callable
 
-from bessemer.runtime.evaluate import hf_score_fn, load_hf_model, perplexity, read_dataset, windows
+from bessemer.builder.hf_loader import load_hf_model
+from bessemer.runtime.evaluate import hf_score_fn, perplexity, read_dataset, windows
 
 Progress = Callable[[str], None]
 

@@ -24,6 +24,7 @@ from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import GraphError
 from bessemer.builder.input_groups import input_groups
+from bessemer.builder.passes.quantize import expert_notes
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.weights import WeightSource
 from bessemer.format import container
@@ -139,6 +140,14 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     return graph, applied, get_target(build.target).lower(graph, build, kv)
 
 
+def _time_left(elapsed: float, done: int, total: int) -> str:
+    """', about 40s left' at the rate of bytes written so far (a rough guide: an int8 table
+    costs less per byte than 4-bit codes), or '' at the end and in the first second."""
+    if done <= 0 or done >= total or elapsed < 1.0:
+        return ""
+    return f", about {elapsed * (total - done) / done:.0f}s left"
+
+
 def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress) -> dict:
     """Builds and writes rank{build.tp_rank}.engine into tmp; returns what config.json and
     the build report need about it. Opens its own checkpoint (it may run in a child)."""
@@ -156,7 +165,8 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         done[0] += nbytes
         done[1] += 1
         if done[1] % 20 == 0 or done[0] == total:
-            say(f"{prefix}packing weights: {done[1]}/{len(entries)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB")
+            say(f"{prefix}packing weights: {done[1]}/{len(entries)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB"
+                + _time_left(time.perf_counter() - t_pack, done[0], total))
 
     target = get_target(build.target)
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
@@ -169,6 +179,7 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
         entries += kernels.entries
     total = sum(e.nbytes for e in entries)
     rank_file = tmp / f"rank{rank}.engine"
+    t_pack = time.perf_counter()
     digest = container.write_rank_file(rank_file, header, entries, on_tensor)
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
@@ -226,6 +237,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
             say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
                 f"plan: {lowered.summary}"
                 + (f" (rank 0 of {build.tp_size})" if build.tp_size > 1 else ""))
+            for note in expert_notes(graph, build):
+                say(note)
     timings["graph_and_passes"] = time.perf_counter() - t
 
     calibration = None

@@ -2,7 +2,9 @@
 
 safetensors is parsed here directly (8-byte header length, JSON header, raw data) so that
 shapes are known without touching tensor data, every offset is bounds-checked with an
-error naming the file, and a tensor is materialised only while it is being packed.
+error naming the file, and a tensor is materialised only while it is being packed: read
+with pread into the fp32 array the builder uses (no mmap'd pages left resident, so the
+build's memory does not grow to the checkpoint's size).
 """
 
 from __future__ import annotations
@@ -119,10 +121,20 @@ class Checkpoint:
         out.update({name: dequantized_shape(self.index[blocks].shape) for name, (blocks, _) in self.mxfp4.items()})
         return out
 
-    def get(self, name: str, sl: tuple | None = None) -> np.ndarray:
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape `get(name)` returns (an MXFP4 pair's dequantized shape)."""
+        if name in self.mxfp4:
+            from bessemer.quantization.mxfp4 import dequantized_shape
+
+            return dequantized_shape(self.index[self.mxfp4[name][0]].shape)
+        return self.index[name].shape
+
+    def get(self, name: str, sl: tuple | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor as fp32; with `sl` = (row_start, row_stop, col_start, col_stop) only
         that block (cols ignored for 1-D) is read, with pread: a tensor-parallel rank's
-        build touches (and counts in its RSS) only its shard's bytes, not mmap'd neighbours."""
+        build touches (and counts in its RSS) only its shard's bytes, not mmap'd neighbours.
+        `out`: a C-contiguous fp32 array of the tensor's shape to read a whole tensor into
+        (the rows of a fused weight: no concatenation copy); returned."""
         if name in self.mxfp4:
             from bessemer.quantization.mxfp4 import decode_mxfp4
 
@@ -131,11 +143,50 @@ class Checkpoint:
                 return decode_mxfp4(self._raw(blocks)[sl[0]:sl[1]], self._raw(scales)[sl[0]:sl[1]])
             return decode_mxfp4(self._raw(blocks), self._raw(scales))
         loc = self.index[name]
+        if sl is None:
+            return self._read_whole(loc, out)
         np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
-        raw = self._raw(name) if sl is None else self._read_block(loc, np_dtype, size, sl)
+        raw = self._read_block(loc, np_dtype, size, sl)
         if loc.dtype == "BF16":
             return _bf16_to_float32(raw)
         return raw.astype(np.float32)
+
+    def _fd(self, file: Path) -> int:
+        if file not in self._fds:
+            self._fds[file] = os.open(file, os.O_RDONLY)
+        return self._fds[file]
+
+    def _read_whole(self, loc: TensorLocation, out: np.ndarray | None = None) -> np.ndarray:
+        """A whole tensor as fp32, read with pread straight into its fp32 array (F32) or in
+        blocks converted as they arrive: the checkpoint is read once, and neither a mmap'd
+        copy of it (which an 8B build would keep resident, 16 GB) nor a whole-tensor bf16
+        temporary stays in the build's memory."""
+        fd = self._fd(loc.file)
+        if out is None:
+            out = np.empty(loc.shape, dtype=np.float32)
+        elif out.shape != loc.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 {loc.shape}, not {out.dtype} {out.shape}")
+        flat = out.reshape(-1)
+        if loc.dtype == "F32":
+            _pread_into(fd, flat, loc.start)
+            return out
+        np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
+        buf = np.empty(min(BF16_CHUNK, flat.size), dtype=np_dtype)
+        for i in range(0, flat.size, BF16_CHUNK):
+            chunk = buf[:min(BF16_CHUNK, flat.size - i)]
+            _pread_into(fd, chunk, loc.start + i * size)
+            if loc.dtype == "BF16":
+                dst = flat[i:i + chunk.size].view(np.uint32)
+                dst[...] = chunk
+                dst <<= 16
+            else:
+                flat[i:i + chunk.size] = chunk
+        return out
+
+    def mxfp4_pair(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The MXFP4 tensor `name`'s blocks and scales as stored (uint8 views of the mapped file)."""
+        blocks, scales = self.mxfp4[name]
+        return self._raw(blocks), self._raw(scales)
 
     def _raw(self, name: str) -> np.ndarray:
         """A tensor as stored (no conversion): the uint8 blocks and scales of MXFP4."""
@@ -148,9 +199,7 @@ class Checkpoint:
                              offset=loc.start).reshape(loc.shape)
 
     def _read_block(self, loc: TensorLocation, np_dtype, size: int, sl: tuple) -> np.ndarray:
-        if loc.file not in self._fds:
-            self._fds[loc.file] = os.open(loc.file, os.O_RDONLY)
-        fd = self._fds[loc.file]
+        fd = self._fd(loc.file)
         r0, r1 = sl[0], sl[1]
         row = int(np.prod(loc.shape[1:], dtype=np.int64)) if len(loc.shape) > 1 else 1
         c0, c1 = (sl[2], sl[3]) if len(loc.shape) == 2 else (0, row)

@@ -29,15 +29,19 @@ class WeightSource:
         self.quant_stats: dict[str, dict] = {}  # weight -> its format's error line (build report)
         self._cached: tuple[str, dict] | None = None
 
-    def part(self, name: str, sl: tuple | None = None) -> np.ndarray:
-        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there is one."""
-        arr = self.ckpt.get(name, sl)
+    def part(self, name: str, sl: tuple | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there
+        is one; written into `out` (rows of a fused weight) when given."""
+        whole = sl is None and name in self.ckpt.index
+        arr = self.ckpt.get(name, sl, out if whole else None)
         if not _all_finite(arr):  # an engine of NaN weights emits token 0 forever: refuse it here
             raise BessemerError(f"checkpoint tensor {name} has NaN or infinite values; the checkpoint is damaged "
                                 "(re-download or re-export it)")
         if self.calibration and name in self.calibration.transforms:
             arr = self.calibration.transforms[name].apply(arr, sl)
-        return arr
+        if out is not None and arr is not out:
+            out[...] = arr
+        return arr if out is None else out
 
     def fp32(self, spec: TensorSpec, full_rows: bool = False) -> np.ndarray:
         if spec.name in self.constants:
@@ -45,11 +49,22 @@ class WeightSource:
         slices = spec.slices or (None,) * len(spec.parts)
         if full_rows:
             slices = [(s[0], s[1], 0, self.ckpt.index[p].shape[1]) for p, s in zip(spec.parts, slices)]
-        arrays = [self.part(p, sl) for p, sl in zip(spec.parts, slices)]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        if len(spec.parts) == 1:
+            return self.part(spec.parts[0], slices[0])
+        # a fused weight (q|k|v, gate|up): each part read straight into its rows
+        shapes = [_block_shape(self.ckpt.shape(p), sl) for p, sl in zip(spec.parts, slices)]
+        out = np.empty((sum(s[0] for s in shapes),) + shapes[0][1:], dtype=np.float32)
+        row = 0
+        for p, sl, shape in zip(spec.parts, slices, shapes):
+            self.part(p, sl, out[row:row + shape[0]])
+            row += shape[0]
+        return out
 
     def _quantize(self, spec: TensorSpec) -> dict[str, np.ndarray]:
         fmt = spec.quant
+        shipped = fmt.shipped_parts(self.ckpt, spec.parts, spec.slices)
+        if shipped is not None:  # the checkpoint stores this format (MXFP4 experts): its bytes, not requantized
+            return shipped
         calib = self.calibration.for_weight(spec.parts, fmt) if self.calibration else WeightCalibration()
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
         if k_split and fmt.full_rows_for_k_shard(calib):
@@ -67,6 +82,14 @@ class WeightSource:
                 self._cached = (spec.source, self._quantize(spec))
             return spec.quant.pack(spec.role, self._cached[1][spec.role], spec.layout)
         return produce
+
+
+def _block_shape(shape: tuple[int, ...], sl: tuple | None) -> tuple[int, ...]:
+    """The shape Checkpoint.get(name, sl) returns for a tensor of `shape`."""
+    if sl is None:
+        return tuple(shape)
+    rows = (sl[1] - sl[0],)
+    return rows + ((sl[3] - sl[2],) if len(shape) == 2 else tuple(shape[1:]))
 
 
 def _all_finite(arr: np.ndarray, chunk: int = 1 << 22) -> bool:

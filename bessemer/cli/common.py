@@ -95,7 +95,7 @@ def speculative_options(fn):
 
 def speculative_config(speculative: str | None, draft_engine: str | None, num_tokens: int,
                        ngram_max: int) -> dict | None:
-    """The flags as LLM(speculative=...) takes them (validated there)."""
+    """The flags as RunOptions(speculative=...) takes them (validated when the engine loads)."""
     if speculative is None and draft_engine is None:
         return None
     method = speculative or "draft"
@@ -110,7 +110,7 @@ def speculative_config(speculative: str | None, draft_engine: str | None, num_to
 def gpu_options(fn):
     """The options of commands that load an engine, for cuda engines: --device,
     --gpu-memory-utilization, --enforce-eager (the command receives them as parameters;
-    gpu_kwargs turns them into LLM arguments)."""
+    gpu_kwargs turns them into RunOptions arguments)."""
     for option in reversed([
         click.option("--device", type=int, default=None,
                      help="cuda engines: the GPU to run on (an ordinal within CUDA_VISIBLE_DEVICES). [default: 0]"),
@@ -124,7 +124,7 @@ def gpu_options(fn):
 
 
 def gpu_kwargs(device, gpu_memory_utilization, enforce_eager) -> dict:
-    """LLM keyword arguments for the options of gpu_options that were given."""
+    """RunOptions keyword arguments for the options of gpu_options that were given."""
     given = {"device": device, "gpu_memory_utilization": gpu_memory_utilization,
              "enforce_eager": enforce_eager or None}
     return {k: v for k, v in given.items() if v is not None}

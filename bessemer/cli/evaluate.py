@@ -26,12 +26,12 @@ def main(engine_dir, dataset, context_len, max_tokens, reference, threads, kv_ca
          gpu_memory_utilization, enforce_eager, as_json, quiet):
     """Perplexity of an engine (and optionally of the HF checkpoint) on a text file."""
     from bessemer.runtime.evaluate import hf_scorer, perplexity, read_dataset, windows
-    from bessemer.runtime.llm import LLM
+    from bessemer.runtime.llm import LLM, RunOptions
 
     progress = Progress(quiet)
     text = read_dataset(dataset)
-    llm = LLM(engine_dir, num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
-              **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
+    llm = LLM(engine_dir, options=RunOptions(num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+                                             **gpu_kwargs(device, gpu_memory_utilization, enforce_eager)))
     if context_len > llm.max_seq_len:
         raise click.UsageError(f"--context-len {context_len} exceeds the engine's max_seq_len {llm.max_seq_len}")
     wins = windows(llm.tokenizer.encode(text, add_special_tokens=False), context_len, max_tokens)

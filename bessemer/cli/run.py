@@ -59,7 +59,7 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
          num_speculative_tokens, ngram_max, kv_cache_gib, device, gpu_memory_utilization, enforce_eager, quiet,
          engine_cache, **build_flags):
     """Generate text with a Bessemer engine (or a checkpoint, built once into the engine cache)."""
-    from bessemer.runtime.llm import LLM, SamplingParams
+    from bessemer.runtime.llm import LLM, RunOptions, SamplingParams
 
     texts = _read_prompts(prompts, input_file)
     if threads is not None and threads <= 0:
@@ -69,11 +69,11 @@ def main(engine_dir, prompts, input_file, chat, max_new_tokens, temperature, top
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, json_schema=_read_schema(json_schema),
                             regex=regex, grammar=read_text_file(grammar, "--grammar") if grammar is not None else None)
     progress(f"loading engine {engine_dir}")
-    llm = LLM(model=engine_dir, build_config=build_config(build_flags), engine_cache=engine_cache,
-              num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
-              speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
-              **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
-    progress(f"engine loaded: {llm.executor.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
+    options = RunOptions(num_threads=threads, kv_cache_gib=kv_cache_gib, say=progress,
+                         speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max),
+                         **gpu_kwargs(device, gpu_memory_utilization, enforce_eager))
+    llm = LLM(model=engine_dir, build_config=build_config(build_flags), engine_cache=engine_cache, options=options)
+    progress(f"engine loaded: {llm.executor.info.isa}, {llm.num_threads} threads, {llm.num_kv_blocks} KV blocks")
     if chat:
         token_ids = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
     else:

@@ -5,6 +5,7 @@ the engine cache with the build flags (builder/engine_cache.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -42,6 +43,11 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
 @click.option("--model-name", default=None,
               help="Name clients pass as `model`. [default: the directory's name, or the hub id]")
 @click.option("--threads", type=int, default=None, help="Threads per rank. [default: the cores divided among the ranks]")
+@click.option("--replicas", type=int, default=None,
+              help="Serve N replicas of the engine behind one endpoint on Ray Serve, each with its own KV cache and "
+                   "--threads (default: the cores divided among them); needs pip install 'bessemer[ray]'.")
+@click.option("--ray-address", default=None,
+              help="With --replicas: the Ray cluster to join ('auto', or HOST:PORT). [default: start one here]")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @click.option("--metrics-prefix", type=click.Choice(list(PREFIXES)), default="bessemer", show_default=True,
@@ -76,8 +82,8 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines while an engine is built.")
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, log_level, metrics_prefix, log_stats_interval, max_request_bytes, max_n,
-         header_timeout, body_timeout, max_prompts, max_prompt_tokens, max_constraint_bytes, max_grammar_rules,
+         model_name, threads, replicas, ray_address, log_level, metrics_prefix, log_stats_interval, max_request_bytes,
+         max_n, header_timeout, body_timeout, max_prompts, max_prompt_tokens, max_constraint_bytes, max_grammar_rules,
          max_schema_depth, constraint_timeout, speculative, draft_engine, num_speculative_tokens, ngram_max,
          drain_timeout, allowed_origins, allowed_methods, allowed_headers, chat_template_file, tool_call_parser,
          engine_cache, quiet, **build_flags):
@@ -91,6 +97,14 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
              "(or pip install 'bessemer[serve]')")
     if threads is not None and threads <= 0:
         fail(f"--threads must be a positive integer, got {threads}")
+    if replicas is not None and replicas <= 0:
+        fail(f"--replicas must be a positive integer, got {replicas}")
+    if ray_address is not None and replicas is None:
+        fail("--ray-address joins a Ray cluster to serve replicas; give --replicas N too")
+    cores = os.cpu_count() or 1
+    if replicas is not None and ray_address is None and threads is not None and threads * replicas > cores:
+        fail(f"{replicas} replicas of {threads} threads need {threads * replicas} cores and this machine has {cores}, "
+             "so Ray could not place them all; lower --threads or --replicas, or join a larger cluster (--ray-address)")
     if kv_cache_gib is not None and kv_cache_gib < 0:
         fail(f"--kv-cache-gib must be >= 0, got {kv_cache_gib}")
     if log_stats_interval < 0:
@@ -119,11 +133,33 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
     engine_dir = resolve_engine(model, build_config(build_flags), engine_cache, Progress(quiet))
     local = Path(model).expanduser()
     model_name = model_name or (local.resolve().name if local.exists() else model)
+    run_options = dict(kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache,
+                       constraint_limits=constraint_limits,
+                       speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))
+    step_limits = dict(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
+    if replicas is not None:  # AsyncLLM keyword arguments: each replica adds its own num_threads
+        serve_replicas(str(engine_dir), replicas, ray_address, host, port, threads, model_name, chat_template,
+                       {**step_limits, **run_options}, dict(api_key=api_key, limits=limits,
+                                                            metrics_prefix=metrics_prefix, cors=cors,
+                                                            tool_call_parser=tool_call_parser))
+        return
     from bessemer.serving.server import run
+    from bessemer.targets import RunOptions
 
     run(str(engine_dir), host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
         metrics_prefix=metrics_prefix, log_stats_interval=log_stats_interval, cors=cors,
-        chat_template=chat_template, tool_call_parser=tool_call_parser,
-        max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, num_threads=threads,
-        kv_cache_gib=kv_cache_gib, enable_prefix_caching=not no_prefix_cache, constraint_limits=constraint_limits,
-        speculative=speculative_config(speculative, draft_engine, num_speculative_tokens, ngram_max))
+        chat_template=chat_template, tool_call_parser=tool_call_parser, **step_limits,
+        options=RunOptions(num_threads=threads, **run_options))
+
+
+def serve_replicas(engine_dir, replicas, ray_address, host, port, threads, model_name, chat_template,
+                   engine_options, app_options):
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:
+        fail("bessemer serve --replicas needs Ray Serve: pip install 'bessemer[ray]'")
+    from bessemer.serving.ray.application import build_application, serve_forever
+
+    application = build_application(engine_dir, replicas, threads, model_name, app_options, chat_template,
+                                    engine_options)
+    serve_forever(application, ray_address, host, port, log=click.echo)

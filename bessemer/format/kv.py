@@ -7,6 +7,7 @@ Per layer the cache is K and V, each [num_blocks, block_size, Hkv, D] elements o
 one-byte codes carry one float32 scale per (token, KV head) beside them, set when attention
 writes the row (quantization/kv_cache.py is the reference). Every executor allocates
 exactly kv_bytes_per_token() per token slot; the runtime sizes its cache with the same rule.
+A sequence of n tokens holds blocks_needed(n, block_size) blocks of its block table.
 """
 
 from __future__ import annotations
@@ -61,3 +62,8 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
 def section_bytes_per_token(section: dict) -> int:
     return kv_bytes_per_token(section["num_layers"], section["num_kv_heads"], section["head_dim"],
                               section["dtype"])
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens (the last one possibly part full)."""
+    return -(-num_tokens // block_size)

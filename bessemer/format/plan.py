@@ -95,6 +95,14 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    softmax_after_topk, norm_topk_prob, layout, activation, first_expert,
                    local_experts; per token the top_k experts (routed as transformers does)
                    y = sum_e p_e * down_e(act(gate_e x, up_e x)); only routed experts are read
+                   (cpu: tokens grouped by expert, one GEMM per active expert and chunk of 64)
+    moe_w8a16@1    moe@1 with experts stored as (E*N, K) output rows, each expert's (N, K) like
+                   linear_w8a16's (int8 panel16 codes, f32 scales [E*N]); weights [gate_up codes,
+                   scales, down codes, scales, (biases)?]; 2I and H multiples of 16
+    moe_w4a16@1    likewise with linear_w4a16@2/@3's parts (int4 panel16_int4(_k8) codes, bf16
+                   panel16 scales (E*N, K/G) and, attrs zero_point, offsets); x rounded to bf16
+    moe_mxfp4@1    moe@1 (layout 1) with experts in MXFP4: codes uint8 (E*N, K/2) (E2M1, element
+                   2j in the low nibble of byte j), scales uint8 (E*N, K/32) (E8M0); row_major
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]
     rope@1         ins [q, k] (rotated in place); outs []; weights [inv_freq ([rotary_dim/2] f32)];
                    attrs num_heads, num_kv_heads, head_dim, rotary_dim, attention_scaling

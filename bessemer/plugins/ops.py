@@ -44,10 +44,8 @@ class OpDecl:
     # of the weight (plus attrs weight_offset), "rows" = row j of the weight and bias j,
     # "input1" = channel j of input 1; "" = nothing per channel.
     channel_scale: str = ""
-    # targets with a kernel for this op; an op declared with its reference before its
-    # kernels exist (graphs verified against HF by builder/interpret.py) has none yet, and a
-    # build for a target without it is refused (builder/pipeline.py)
-    targets: tuple[str, ...] = ("cpu",)
+    # Which targets run an op is theirs to declare (targets/<name>/kernel_table.py KERNELS):
+    # an op may be declared here with its reference before any target has its kernel.
 
 
 def _same(ins, attrs, ws):
@@ -167,7 +165,6 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     OpDecl("split", 0, 1, -1, (), _split, {}),
     OpDecl("rope", 1, 2, 2, ("inv_freq",), _rope, {0: 0, 1: 1}),
     OpDecl("attention", 1, 3, 1, (), _attention, {}),
-    # -- declared with their references; kernels to come (targets=()) --
     # RMSNorm of each head of a (T, num_heads * head_dim) value, one (head_dim,) weight for
     # all heads (Qwen3, Gemma 3 q/k norms); attrs num_heads, head_dim, eps, weight_offset,
     # kv_heads (1: the heads are KV heads, k_norm; tensor parallelism counts them so).
@@ -187,6 +184,8 @@ OPS: dict[str, OpDecl] = {d.name: d for d in [
     # 1: gpt-oss's (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)); with
     # layout 1 under tensor parallelism, first_expert / local_experts: the experts this rank
     # holds (tokens routed elsewhere add nothing here; an all_reduce sums the ranks).
+    # Stored quantized (quantization/formats.py ExpertStack, Mxfp4Experts), the experts are read
+    # by a target's moe_* kernels (format/plan.py); the reference is this one on their values.
     OpDecl("moe", 1, 2, 1, ("gate_up", "down", "gate_up_bias?", "down_bias?"), _moe, {}),
     # attention whose softmax also counts one learned logit per head (gpt-oss's sinks)
     OpDecl("attention_sinks", 1, 3, 1, ("sinks",), _attention_sinks, {}),
@@ -345,10 +344,12 @@ def _expert_act(g, u, activation):
 
 
 def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob,
-            layout=0, activation=0, first_expert=0, local_experts=None):
+            layout=0, activation=0, first_expert=0, local_experts=None, matmul_input=None):
     """x: (T, H); weights: gate_up, down[, gate_up_bias, down_bias] as `layout` stores them
     (moe_weight_shapes), of experts [first_expert, first_expert + local_experts). Only the
-    routed experts' weights are read."""
+    routed experts' weights are read. matmul_input: applied to both matmuls' inputs (the
+    bf16 rounding of the w4a16 expert kernel's activations)."""
+    cast = matmul_input or (lambda v: v)
     top, probs = ref_moe_routing(logits, top_k, softmax_after_topk, norm_topk_prob)
     top = top - first_expert  # local expert index; outside [0, local) is another rank's
     num_experts = num_experts if local_experts is None else local_experts
@@ -362,15 +363,15 @@ def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_t
         if len(rows) == 0:
             continue
         if layout == 1:
-            gu = x64[rows] @ gate_up[e]  # (R, 2I), gate and up interleaved
+            gu = cast(x64[rows]) @ gate_up[e]  # (R, 2I), gate and up interleaved
             if bias_gu is not None:
                 gu = gu + bias_gu[e]
-            y = _expert_act(gu[:, ::2], gu[:, 1::2], activation) @ down[e]
+            y = cast(_expert_act(gu[:, ::2], gu[:, 1::2], activation)) @ down[e]
         else:
-            gu = x64[rows] @ gate_up[e * 2 * i:(e + 1) * 2 * i].T
+            gu = cast(x64[rows]) @ gate_up[e * 2 * i:(e + 1) * 2 * i].T
             if bias_gu is not None:
                 gu = gu + bias_gu[e * 2 * i:(e + 1) * 2 * i]
-            y = _expert_act(gu[:, :i], gu[:, i:], activation) @ down[e * h:(e + 1) * h].T
+            y = cast(_expert_act(gu[:, :i], gu[:, i:], activation)) @ down[e * h:(e + 1) * h].T
         if bias_d is not None:
             y = y + (bias_d[e] if layout == 1 else bias_d[e * h:(e + 1) * h])
         out[rows] += y * probs[rows, slot][:, None]

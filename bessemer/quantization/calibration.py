@@ -95,7 +95,7 @@ def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
     if path.exists():
         progress(f"calibration: cached statistics {path}")
         return _load(path)
-    from bessemer.runtime.evaluate import load_hf_model
+    from bessemer.builder.hf_loader import load_hf_model
 
     wins = calibration_windows(model_dir, spec)
     model = load_hf_model(model_dir, "calibrated quantization")

@@ -19,6 +19,9 @@ scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never nam
     W8A8            int8 codes + scales + per-channel code sums (+ SmoothQuant 1/s) for the
                     int8 x int8 kernel (w8a8-sq)
     Fp8E4M3         E4M3 codes + fp32 channel scales (+ the static input scale) (fp8)
+    ExpertStack     a mixture of experts' matrices, each expert's (N, K) in a dense format
+                    above, stacked as (E*N, K) rows (w8a16, w4a16 experts)
+    Mxfp4Experts    experts in MXFP4 as gpt-oss ships them: E2M1 codes + E8M0 scale per 32
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ class StoredFormat(ABC):
             q = self.slice_columns(q, *cut)
             rows = rows[:, cut[0]:cut[1]]
         return self.finish(q), rows
+
+    def shipped_parts(self, ckpt, parts: tuple[str, ...], slices: tuple) -> dict[str, np.ndarray] | None:
+        """The parts' values as the checkpoint already stores them in this format (read, not
+        requantized), or None: quantize from the fp32 weight."""
+        return None
 
     def pack(self, role: str, values: np.ndarray, layout: str) -> np.ndarray:
         """A part's values (in its stored dtype) -> the bytes of `layout`."""
@@ -282,6 +290,105 @@ class Fp8E4M3(StoredFormat):
         if not self.dynamic:
             stats.update(input_amax=float(q["input_amax"]), input_scale=float(q["input_scale"][0]))
         return stats
+
+
+@dataclass(frozen=True)
+class ExpertStack(StoredFormat):
+    """A moe node's gate_up or down: `experts` (N, K) matrices, each stored in `inner`'s format,
+    one after another as (E*N, K) output rows. input_major: the graph's weight is (E, K, N)
+    (gpt-oss's stacked tensors), turned into each expert's output rows when it is quantized
+    (gate/up stay interleaved, as the kernel reads them). The codes are chosen by round to
+    nearest, an expert at a time: calibration (AWQ, GPTQ) gathers statistics for linears only,
+    so those modes store their experts RTN (said in the build log and report)."""
+
+    inner: StoredFormat
+    experts: int
+    input_major: bool = False
+    key = "experts"
+
+    @property
+    def bits(self) -> int:
+        return self.inner.bits
+
+    def rows_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        if self.input_major:
+            e, k, n = shape
+            return (e * n, k)
+        return tuple(shape)
+
+    def to_rows(self, w: np.ndarray) -> np.ndarray:
+        """The graph's weight -> (E*N, K) rows."""
+        if not self.input_major:
+            return w
+        return np.ascontiguousarray(np.swapaxes(w, -1, -2)).reshape(-1, w.shape[1])
+
+    def parts(self, shape):
+        return self.inner.parts(self.rows_shape(shape))
+
+    def quantize(self, rows, calib):
+        # an expert at a time: the temporaries of one expert's (N, K), not the whole stack's
+        chunks = ([np.ascontiguousarray(w.T) for w in rows] if self.input_major else np.split(rows, self.experts))
+        q = [self.inner.quantize(chunk, WeightCalibration()) for chunk in chunks]
+        return {role: np.concatenate([x[role] for x in q]) for role in q[0]}
+
+    def dequantize(self, q):
+        return self.inner.dequantize(q)
+
+    def store(self, rows, calib, cut=None):
+        if cut is not None:
+            raise ValueError("experts are split whole across ranks, never along K")
+        return self.inner.finish(self.quantize(rows, calib)), self.to_rows(rows)
+
+    def pack(self, role, values, layout):
+        return self.inner.pack(role, values, layout)
+
+    def stats(self, w, q):
+        return dict(self.inner.stats(w, q), experts=self.experts, algorithm="rtn")
+
+    def describe(self):
+        return f"experts({self.inner.describe()},experts={self.experts},input_major={self.input_major})"
+
+
+@dataclass(frozen=True)
+class Mxfp4Experts(StoredFormat):
+    """gpt-oss's experts kept in MXFP4 (quantization/mxfp4.py): per expert output row, blocks
+    of 32 E2M1 codes (uint8, two per byte) with one E8M0 scale (uint8) each. The graph's weight
+    is (E, K, N) input-major; stored as (E*N, K/2) codes and (E*N, K/32) scales: the checkpoint's
+    own bytes when it ships the pair (shipped_parts), else encoded from fp32 values (values that
+    came from MXFP4 are encoded exactly: a block's scale is that of its largest value)."""
+
+    key = "mxfp4"
+    bits = 4
+
+    def parts(self, shape):
+        e, k, n = shape
+        return (Part("codes", "", (e * n, k // 2), "uint8"), Part("scales", ".scales", (e * n, k // 32), "uint8"))
+
+    def quantize(self, rows, calib):
+        from bessemer.quantization.mxfp4 import encode_mxfp4_rows
+
+        e, k, n = rows.shape
+        pairs = [encode_mxfp4_rows(np.ascontiguousarray(rows[i].T)) for i in range(e)]  # an expert at a time
+        return {"codes": np.concatenate([c for c, _ in pairs]), "scales": np.concatenate([s for _, s in pairs])}
+
+    def dequantize(self, q):
+        from bessemer.quantization.mxfp4 import decode_mxfp4_rows
+
+        return decode_mxfp4_rows(q["codes"], q["scales"])
+
+    def shipped_parts(self, ckpt, parts, slices):
+        if slices or len(parts) != 1 or parts[0] not in getattr(ckpt, "mxfp4", {}):
+            return None
+        blocks, scales = ckpt.mxfp4_pair(parts[0])  # (E, N, K/32, 16), (E, N, K/32): already (E*N) rows
+        e, n, g, b = blocks.shape
+        # copies: the weight source keeps a weight's parts until the next one, past the mapping
+        return {"codes": blocks.reshape(e * n, g * b).copy(), "scales": scales.reshape(e * n, g).copy()}
+
+    def store(self, rows, calib, cut=None):
+        if cut is not None:
+            raise ValueError("experts are split whole across ranks, never along K")
+        e, k, n = rows.shape
+        return self.quantize(rows, calib), np.ascontiguousarray(np.swapaxes(rows, -1, -2)).reshape(e * n, k)
 
 
 def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat:

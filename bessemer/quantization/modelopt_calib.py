@@ -77,7 +77,7 @@ def modelopt_act_amax(model_dir: Path, spec: CalibrationSpec, alpha: float, inpu
                       progress: Callable[[str], None] = lambda m: None) -> tuple[dict, int]:
     """({input key: (K,) max |x|}, rows seen), cached like calibration.collect.
     input_keys: {linear module name: the key of its input group} (builder/input_groups.py)."""
-    from bessemer.runtime.evaluate import load_hf_model
+    from bessemer.builder.hf_loader import load_hf_model
 
     model_dir = Path(model_dir)
     key = hashlib.sha256(f"modelopt-v{MODELOPT_STATS_VERSION}:{alpha}:{_content_hash(model_dir, spec)}".encode())

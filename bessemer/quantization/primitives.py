@@ -13,6 +13,7 @@ from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 
 INT8_MAX = 127
 INT4_LEVELS = 16  # unsigned codes 0..15
+CHUNK_ELEMENTS = 1 << 20  # block size of the weight-sized passes: a few MiB of temporaries
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -37,16 +38,29 @@ def effective_group_size(k: int, group_size: int) -> int:
 
 def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel int8: w ~= q * scale[:, None]; q in [-127, 127].
-    Returns q (N, K) int8, scale (N,) float32."""
+    Returns q (N, K) int8, scale (N,) float32. Rows are done in blocks (an embedding table
+    is the build's largest weight: no table-sized fp32 temporaries)."""
     w = np.asarray(w, dtype=np.float32)
-    amax = np.abs(w).max(axis=1)
-    scale = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    n, k = w.shape
+    q, scale = np.empty((n, k), dtype=np.int8), np.empty(n, dtype=np.float32)
+    rows = max(1, CHUNK_ELEMENTS // max(k, 1))
+    for r0 in range(0, n, rows):
+        block = w[r0:r0 + rows]
+        amax = np.abs(block).max(axis=1)
+        s = np.where(amax > 0, amax / INT8_MAX, 1.0).astype(np.float32)
+        t = block / s[:, None]
+        np.rint(t, out=t)
+        np.clip(t, -INT8_MAX, INT8_MAX, out=t)
+        q[r0:r0 + rows], scale[r0:r0 + rows] = t, s
     return q, scale
 
 
 def dequantize_int8_per_channel(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return q.astype(np.float32) * scale[:, None]
+    out = q.astype(np.float32)
+    rows = max(1, CHUNK_ELEMENTS // max(q.shape[1], 1))
+    for r0 in range(0, q.shape[0], rows):  # in place, a block at a time: one output-sized array
+        np.multiply(out[r0:r0 + rows], scale[r0:r0 + rows, None], out=out[r0:r0 + rows])
+    return out
 
 
 def quantize_int8_per_token(x: np.ndarray, smooth: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -113,24 +127,46 @@ def int4_group_params(w: np.ndarray, group: int, zero_point: bool,
 
 
 def quantize_int4(w: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int) -> np.ndarray:
-    """Codes (N, K) uint8 in 0..15 for the given group parameters."""
+    """Codes (N, K) uint8 in 0..15 for the given group parameters. Computed in blocks of rows
+    in place (one block-sized fp32 temporary, not five weight-sized ones)."""
     n, k = w.shape
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    codes = np.rint((g - offset[:, :, None]) / scale[:, :, None])
-    return np.clip(codes, 0, INT4_LEVELS - 1).astype(np.uint8).reshape(n, k)
+    codes = np.empty((n, k), dtype=np.uint8)
+    rows = max(1, CHUNK_ELEMENTS // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        g = w[r0:r1].reshape(r1 - r0, k // group, group).astype(np.float32)  # (rows, G, g), a copy
+        np.subtract(g, offset[r0:r1, :, None], out=g)
+        np.divide(g, scale[r0:r1, :, None], out=g)
+        np.rint(g, out=g)
+        np.clip(g, 0, INT4_LEVELS - 1, out=g)
+        codes[r0:r1] = g.reshape(r1 - r0, k)
+    return codes
 
 
 def dequantize_int4(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray, group: int) -> np.ndarray:
+    """(N, K) fp32 from codes and group parameters, in blocks of rows (no weight-sized temporaries)."""
     n, k = codes.shape
-    g = codes.reshape(n, k // group, group).astype(np.float32)
-    return (g * scale[:, :, None] + offset[:, :, None]).reshape(n, k)
+    out = np.empty((n, k), dtype=np.float32)
+    rows = max(1, CHUNK_ELEMENTS // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        g = out[r0:r1].reshape(r1 - r0, k // group, group)  # (rows, G, g), a view of out
+        g[...] = codes[r0:r1].reshape(g.shape)
+        np.multiply(g, scale[r0:r1, :, None], out=g)
+        np.add(g, offset[r0:r1, :, None], out=g)
+    return out
 
 
 def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
-    """Signal-to-quantization-noise ratio in dB (higher is better; inf when exact)."""
-    ref = np.asarray(reference, dtype=np.float64)
-    noise = ((ref - np.asarray(approx, dtype=np.float64)) ** 2).sum()
+    """Signal-to-quantization-noise ratio in dB (higher is better; inf when exact). Summed in
+    fp64 over blocks (no weight-sized fp64 temporaries)."""
+    ref, app = np.asarray(reference).reshape(-1), np.asarray(approx).reshape(-1)
+    signal = noise = 0.0
+    for i in range(0, ref.size, CHUNK_ELEMENTS):
+        r = ref[i:i + CHUNK_ELEMENTS].astype(np.float64)
+        d = r - app[i:i + CHUNK_ELEMENTS]
+        noise += float(np.square(d, out=d).sum())  # not np.dot: BLAS threads spin on a busy machine
+        signal += float(np.square(r, out=r).sum())
     if noise == 0:
         return float("inf")
-    return float(10.0 * np.log10((ref ** 2).sum() / noise))
-
+    return float(10.0 * np.log10(signal / noise))

@@ -48,6 +48,17 @@ def _signed_absmax(g: np.ndarray) -> np.ndarray:
     return np.take_along_axis(g, idx[..., None], axis=2)[..., 0]
 
 
+def _rule_scales(vmax: np.ndarray) -> np.ndarray:
+    """v / -8 rounded to bf16 for each group's signed absmax v (1 for an all-zero group): (N, G)."""
+    return prim.round_to_bf16(np.where(vmax == 0, 1.0, vmax / -float(SYM_ZERO)))
+
+
+def _importance(importance: np.ndarray | None, k: int) -> np.ndarray:
+    """h (K,) of the search: the importance floored at 1e-12 of its largest (no weight ignored)."""
+    h = np.ones(k, np.float32) if importance is None else np.asarray(importance, np.float32).reshape(k)
+    return np.maximum(h, 1e-12 * max(float(h.max()), 1e-30))
+
+
 def int4_symmetric_scales(w: np.ndarray, group: int, importance: np.ndarray | None = None,
                           search: bool = True) -> np.ndarray:
     """Scales (N, K // group), bf16 values as float32, for codes on the symmetric grid.
@@ -57,18 +68,29 @@ def int4_symmetric_scales(w: np.ndarray, group: int, importance: np.ndarray | No
     SEARCH_DIVISORS, codes for scale v / -d, then the least-squares scale for those codes,
     sum(h w L) / sum(h L^2) with h the importance of each weight's input channel (K,);
     the candidate with the least sum(h (w - scale L)^2) wins (d = 8 is among them, so the
-    search never does worse than search=False, up to bf16 rounding).
+    search never does worse than search=False, up to bf16 rounding). The search runs in
+    native code over all cores (bessemer._C, targets/cpu/csrc/kernels/int4_scale_search.cpp:
+    34 candidates x 2 roundings of every weight were most of a 4-bit build in NumPy); it is
+    bit-identical to int4_symmetric_scales_reference, its statement in NumPy.
     """
+    if not search:
+        return _rule_scales(_signed_absmax(_groups(w, group))).astype(np.float32)
+    from bessemer import _C
+
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    return _C.int4_symmetric_scale_search(w, group, _importance(importance, w.shape[1]), SEARCH_DIVISORS)
+
+
+def int4_symmetric_scales_reference(w: np.ndarray, group: int, importance: np.ndarray | None = None) -> np.ndarray:
+    """int4_symmetric_scales(search=True) in NumPy: the oracle the native search is tested
+    against bit for bit (tests/test_scale_search.py). Every sum is NumPy's pairwise fp32
+    sum and v / -d is computed in fp64 (d is an fp64 scalar), which the native code copies."""
     g = _groups(w, group)  # (N, G, g)
     n, ng, _ = g.shape
     vmax = _signed_absmax(g)
     zero = vmax == 0
-    base = prim.round_to_bf16(np.where(zero, 1.0, vmax / -float(SYM_ZERO)))
-    if not search:
-        return base.astype(np.float32)
-    h = np.ones(g.shape[1:], np.float32) if importance is None else \
-        np.asarray(importance, np.float32).reshape(ng, group)  # (G, g)
-    h = np.maximum(h, 1e-12 * max(float(h.max()), 1e-30))[None]  # (1, G, g): no weight ignored
+    base = _rule_scales(vmax)
+    h = _importance(importance, ng * group).reshape(1, ng, group)  # (1, G, g)
 
     def error(scale):
         levels = np.clip(np.rint(g / scale[..., None]), -SYM_ZERO, SYM_ZERO - 1)

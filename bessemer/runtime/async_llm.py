@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from bessemer.runtime.llm import LLM
-from bessemer.runtime.llm_engine import EngineStats  # noqa: F401 - served by the metrics module
+from bessemer.runtime.engine_stats import EngineStats  # noqa: F401 - served by the metrics module
 from bessemer.runtime.outputs import SequenceUpdate
 from bessemer.runtime.sampling_params import SamplingParams
 
@@ -213,8 +213,7 @@ class AsyncLLM:
         tensor-parallel rank), or None."""
         if not self._thread.is_alive():
             return "the engine thread has stopped"
-        check = getattr(self._core.executor, "failure", None)
-        return check() if check is not None else None
+        return self._core.executor.failure()
 
     def _submit(self, command: tuple) -> None:
         self._commands.append(command)

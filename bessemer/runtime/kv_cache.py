@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from bessemer.format.kv import blocks_needed
 
 DEFAULT_KV_CACHE_GIB = 1.0
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 def pool_size(bytes_per_token: int, block_size: int, max_seq_len: int, max_batch_size: int,

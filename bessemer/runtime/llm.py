@@ -5,7 +5,7 @@
     out[0].text, out[0].token_ids
 
 A thin facade: prompts in (text, token ids, chat messages), RequestOutputs out. The work
-is LLMEngine's (runtime/llm_engine.py): scheduler.schedule() -> run_step(...) -> postprocess.
+is LLMEngine's (runtime/llm_engine.py): scheduler.schedule() -> sampling_step.run(batch).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Callable, Sequence as Seq
 import numpy as np
 
 from bessemer.errors import InvalidOptionError
-from bessemer.runtime.constraint_limits import ConstraintLimits
 from bessemer.runtime.llm_engine import LLMEngine
 from bessemer.runtime.outputs import CompletionOutput, RequestOutput  # noqa: F401 - public names
 from bessemer.runtime.sampling_params import SamplingParams
 from bessemer.runtime.sequence import Sequence
-from bessemer.runtime.speculative import SpeculativeConfig
+from bessemer.targets import RunOptions  # noqa: F401 - a public name, with LLM
 
 
 def _read_through(name: str) -> property:
@@ -29,24 +28,21 @@ def _read_through(name: str) -> property:
 
 
 class LLM:
-    def __init__(self, engine_dir: str | os.PathLike | None = None, num_threads: int | None = None,
-                 kv_cache_gib: float | None = None, isa: str = "auto", verify_checksum: bool = True,
-                 seed: int = 0, enable_prefix_caching: bool = True, tp_timeout_s: float = 30.0,
-                 speculative: SpeculativeConfig | str | dict | None = None, device: int | None = None,
-                 gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 say: Callable[[str], None] | None = None, interpret: bool = False,
-                 constraint_limits: ConstraintLimits | None = None, *, model: str | os.PathLike | None = None,
-                 build_config=None, engine_cache: str | os.PathLike | None = None):
-        """A `--tp N` engine runs as N processes (runtime/tp.py): `num_threads` is per rank
-        (default: the cores divided among the ranks); `tp_timeout_s` is how long a rank
-        waits for a late peer inside a step before the engine stops with an error.
-        `speculative`: "ngram", or a dict / SpeculativeConfig (method, num_tokens,
-        ngram_min/max, draft_engine); see runtime/speculative/config.py. A cuda engine runs
-        on GPU `device` (default 0), its KV cache taking `kv_cache_gib` or
-        `gpu_memory_utilization` of the GPU; `enforce_eager` turns CUDA graphs off; `say`
-        receives load progress; `interpret` runs a cuda engine on CPU through the Triton
-        interpreter (slow; for tests and debugging without a GPU); `constraint_limits` bound
-        the JSON schemas, regexes and grammars of requests (runtime/constraint_limits.py).
+    def __init__(self, engine_dir: str | os.PathLike | None = None, *, model: str | os.PathLike | None = None,
+                 build_config=None, engine_cache: str | os.PathLike | None = None,
+                 options: RunOptions | None = None, **run_options):
+        """How the engine runs: `options` (a RunOptions, targets/__init__.py), or its fields as
+        keyword arguments: `num_threads` (per rank of a `--tp N` engine, which runs as N
+        processes: default the cores divided among the ranks), `kv_cache_gib`, `isa`,
+        `verify_checksum`, `seed`, `enable_prefix_caching`, `tp_timeout_s` (how long a rank
+        waits for a late peer inside a step before the engine stops with an error),
+        `speculative` ("ngram", or a dict / SpeculativeConfig: method, num_tokens,
+        ngram_min/max, draft_engine; runtime/speculative/config.py), `device` (a cuda
+        engine's GPU, default 0), `gpu_memory_utilization` (its KV cache's share of the GPU,
+        or `kv_cache_gib`), `enforce_eager` (no CUDA graphs), `say` (receives load
+        progress), `interpret` (a cuda engine on CPU through the Triton interpreter: slow;
+        for tests and debugging without a GPU), `constraint_limits` (bounds on the JSON
+        schemas, regexes and grammars of requests: runtime/constraint_limits.py).
 
         `model` (as vLLM's; or positionally, as `engine_dir`) may also be a HF checkpoint
         directory or a hub id: it is built once with `build_config` (a BuildConfig; None:
@@ -58,13 +54,14 @@ class LLM:
         if engine_dir is None and model is None:
             raise InvalidOptionError("LLM needs an engine directory, a HF checkpoint directory or a hub id: "
                                      "LLM(model=path)")
+        if options is not None and run_options:
+            raise InvalidOptionError(f"pass run options as options=RunOptions(...) or as keyword arguments, not both "
+                                     f"(got options and {', '.join(sorted(run_options))})")
+        options = options if options is not None else RunOptions.of(**run_options)
         from bessemer.builder.engine_cache import resolve_engine
 
-        engine_dir = resolve_engine(model if model is not None else engine_dir, build_config, engine_cache, say)
-        self.llm_engine = LLMEngine(engine_dir, num_threads, kv_cache_gib, isa, verify_checksum, seed,
-                                    enable_prefix_caching, tp_timeout_s, speculative, device,
-                                    gpu_memory_utilization, enforce_eager, say, interpret,
-                                    constraint_limits=constraint_limits)
+        engine_dir = resolve_engine(model if model is not None else engine_dir, build_config, engine_cache, options.say)
+        self.llm_engine = LLMEngine(engine_dir, options)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when this

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.format.step import StepBatch
+from bessemer.runtime.executor import DeviceSampler, Executor, SamplingRows
 from bessemer.runtime.scheduler import ScheduledChunk
 
 
@@ -34,21 +35,21 @@ def make_step_batch(batch: list[ScheduledChunk], all_logits: bool = False) -> St
     return StepBatch(tokens, positions, cu, context, tables, np.asarray(selected, dtype=np.int32))
 
 
-def run_step(executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
+def run_step(executor: Executor, batch: list[ScheduledChunk], all_logits: bool = False) -> np.ndarray:
     """Runs one step; returns logits [L, vocab] for the last row of every chunk that
     completes its sequence (or for every row when `all_logits`)."""
     return executor.step(make_step_batch(batch, all_logits))
 
 
-def run_step_sampled(executor, batch: list[ScheduledChunk]) -> np.ndarray:
-    """Runs one step with sampling on the device (an executor with `sample`, see
-    targets/cuda/executor.py); returns the token id [L] of every completing chunk. Each
-    draw's uniform comes from its sequence's seeded generator, so a seed gives the same
-    tokens on every run."""
+def run_step_sampled(sampler: DeviceSampler, batch: list[ScheduledChunk]) -> np.ndarray:
+    """Runs one step with sampling on the device (an executor's `sampler`); returns the
+    token id [L] of every completing chunk. Each draw's uniform comes from its sequence's
+    seeded generator, so a seed gives the same tokens on every run."""
     completing = [c.seq for c in batch if c.completes]
-    temperature = np.array([s.params.temperature for s in completing], dtype=np.float32)
-    top_k = np.array([max(0, s.params.top_k) for s in completing], dtype=np.int32)
-    top_p = np.array([s.params.top_p for s in completing], dtype=np.float32)
-    uniform = np.array([s.rng.random() if s.params.temperature > 0 else 0.0 for s in completing], dtype=np.float64)
-    tokens, _ = executor.sample(*make_step_batch(batch).arrays(), temperature, top_k, top_p, uniform)
+    rows = SamplingRows(
+        temperature=np.array([s.params.temperature for s in completing], dtype=np.float32),
+        top_k=np.array([max(0, s.params.top_k) for s in completing], dtype=np.int32),
+        top_p=np.array([s.params.top_p for s in completing], dtype=np.float32),
+        uniform=np.array([s.rng.random() if s.params.temperature > 0 else 0.0 for s in completing], dtype=np.float64))
+    tokens, _ = sampler.sample(make_step_batch(batch), rows)
     return tokens

@@ -23,14 +23,17 @@ from bessemer.serving.drain import Drain
 from bessemer.serving.http import guarded_protocol
 from bessemer.serving.limits import ServerLimits
 from bessemer.serving.stats_log import StatsLogger
+from bessemer.targets import RunOptions
 
 
 def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
         api_key: str | None = None, log_level: str = "info", limits: ServerLimits | None = None,
         metrics_prefix: str = "bessemer", log_stats_interval: float = 10.0, cors: CorsPolicy | None = None,
-        chat_template: str | None = None, tool_call_parser: str = "auto", **engine_options) -> None:
-    """`engine_options` go to AsyncLLM (max_num_seqs, max_num_tokens, num_threads,
-    kv_cache_gib, enable_prefix_caching, speculative); `limits` bound what one request
+        chat_template: str | None = None, tool_call_parser: str = "auto", max_num_seqs: int | None = None,
+        max_num_tokens: int | None = None, options: RunOptions = RunOptions()) -> None:
+    """`options`: how the engine runs (targets/__init__.py: threads, KV budget, prefix
+    caching, speculative decoding, constraint limits, ...); `max_num_seqs` and
+    `max_num_tokens` lower the scheduler's per-step limits; `limits` bound what one request
     may send (serving/limits.py); `metrics_prefix` names the /metrics series ("bessemer" or
     "vllm"); a stats line is logged every `log_stats_interval` seconds of activity (0: never);
     `cors` lets browser pages of other origins call the server (serving/cors.py);
@@ -70,7 +73,7 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
 
     limits = limits or ServerLimits()
     drain = Drain(limits.drain_timeout_s)
-    engine = AsyncLLM(engine_dir, **engine_options)
+    engine = AsyncLLM(engine_dir, max_num_seqs, max_num_tokens, options=options)
     if chat_template is not None:
         engine.llm.tokenizer.chat_template = chat_template
     try:
@@ -83,7 +86,7 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
         llm = engine.llm  # uvicorn's logger is configured once Config exists
         logging.getLogger("uvicorn.error").info(
             "engine %s: %s, %d threads, %d KV blocks of %d tokens, at most %d sequences and %d tokens per step, "
-            "prefix caching %s, speculative decoding %s", engine_dir, llm.executor.isa, llm.num_threads,
+            "prefix caching %s, speculative decoding %s", engine_dir, llm.executor.info.isa, llm.num_threads,
             llm.num_kv_blocks, llm.block_size, llm.scheduler.max_batch_size, llm.scheduler.max_num_tokens,
             "on" if llm.blocks.enable_prefix_caching else "off", llm.llm_engine.speculative or "off")
         # uvicorn re-raises the signal that stopped it once it is done; with the default

@@ -5,6 +5,10 @@ references, the engine contract (format/), scheduler, block manager, sampler and
 are shared by every target.
 
 What the builder asks a target (builder/config.py, builder/build.py):
+    has_kernel(op), quant_kernel(op, format class)
+                                   -> from its kernel tables (KERNELS, QUANT_KERNELS in
+                                      targets/<name>/kernel_table.py): whether it runs an op,
+                                      and its kernel reading a stored quantized format
     check_build(build)             -> raises InvalidOptionError, one line, for options this
                                       target cannot build (called when a BuildConfig is made)
     lower(graph, build, kv_cache)  -> LoweredRank: the per-target plan (its JSON and the
@@ -17,9 +21,17 @@ What the builder asks a target (builder/config.py, builder/build.py):
 What the runtime asks it (runtime/engine.py, runtime/llm_engine.py):
     check_runnable(config)         -> raises EngineLoadError, one line naming the engine's
                                       requirement and this machine, if it cannot run here
-    open_executor(engine, options) -> OpenedExecutor: the executor (step(StepBatch) ->
-                                      logits [L, V] float32), its KV blocks and threads
+    open_executor(engine, options) -> OpenedExecutor: the executor, with its KV cache sized
     kv_bytes_per_token(header)     -> KV-cache bytes per token slot (sizes the cache)
+The executor it opens implements runtime/executor.py's Executor protocol, and the runtime
+asks it nothing else (capabilities are declared, never probed):
+    step(batch: StepBatch)         -> logits [L, V] float32 of the rows batch.logits_indices
+                                      selects (format/step.py)
+    info                           -> ExecutorInfo: isa, threads, KV blocks, kernels
+    sampler                        -> a DeviceSampler (sample(batch, rows) -> token ids [L],
+                                      where the logits are: cuda) or None (the host samples)
+    failure()                      -> why it can no longer step (a dead rank), or None
+    close()                        -> releases worker processes and the like; idempotent
 
 Targets are imported only when asked for, so a target whose toolchain is missing never
 breaks another.
@@ -29,9 +41,13 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 
+from bessemer.errors import InvalidOptionError
 from bessemer.format.kv import section_bytes_per_token
+from bessemer.runtime.executor import Executor
 
 # name -> module whose TARGET is the Target (imported on first use)
 TARGETS = {"cpu": "bessemer.targets.cpu", "cuda": "bessemer.targets.cuda"}
@@ -59,41 +75,85 @@ class KernelSection:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a loaded engine should run; each target uses the fields that concern it and
-    refuses, with one line, the ones that do not apply to it when they are given."""
+    """How a loaded engine runs: built once (by LLM's keyword arguments, the CLI or the
+    server) and handed down by name. Each target uses the fields that concern it and
+    refuses, with one line, the ones that do not apply to it when they are given; the
+    engine core (runtime/llm_engine.py) reads the last four."""
 
     num_threads: int | None = None  # cpu: threads per rank (None: the cores / ranks)
     kv_cache_gib: float | None = None  # KV-cache budget (None: the target's default)
     isa: str = "auto"  # cpu: force a kernel ISA
-    tp_timeout_s: float = 30.0  # tensor parallelism: how long a rank waits for a peer
-    verify_checksum: bool = True
-    device: int | None = None  # cuda: GPU ordinal
+    tp_timeout_s: float = 30.0  # tensor parallelism: how long a rank waits for a peer inside a step
+    verify_checksum: bool = True  # sha256 of every rank file against config.json
+    device: int | None = None  # cuda: GPU ordinal (None: 0)
     gpu_memory_utilization: float | None = None  # cuda: share of GPU memory for the engine
     enforce_eager: bool = False  # cuda: no CUDA graphs
     interpret: bool = False  # cuda: run the launch list on CPU through the Triton interpreter (tests, debugging)
     say: object = None  # Callable[[str], None] | None: load progress
+    # the engine core's
+    seed: int = 0  # seeds a request without its own seed (with its arrival order)
+    enable_prefix_caching: bool = True
+    speculative: object = None  # SpeculativeConfig | "ngram" | dict | None (runtime/speculative/config.py)
+    constraint_limits: object = None  # ConstraintLimits | None: bounds on requests' schemas, regexes, grammars
+
+    @classmethod
+    def of(cls, **options) -> "RunOptions":
+        """From keyword arguments, with one line naming any that is not a run option."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InvalidOptionError(f"unknown run option(s) {', '.join(unknown)}; the options are {', '.join(known)}")
+        return cls(**options)
 
 
 @dataclass(frozen=True)
 class OpenedExecutor:
-    executor: object
-    num_kv_blocks: int
-    num_threads: int
+    executor: Executor  # runtime/executor.py
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.executor.info.num_kv_blocks
+
+    @property
+    def num_threads(self) -> int:
+        return self.executor.info.num_threads
 
 
 class Target(ABC):
     name: str
+    # The kernels, as data (targets/<name>/kernel_table.py): the plugins/ops.py ops this
+    # target runs, and (op, StoredFormat subclass of quantization/formats.py) -> the
+    # target's own choice of the kernel reading weights stored in that format.
+    KERNELS: frozenset = frozenset()
+    QUANT_KERNELS: Mapping = MappingProxyType({})
 
     # ---- builder ----
     def has_kernel(self, op: str) -> bool:
         """Whether this target runs op `op` (plugins/ops.py); a graph with an op it lacks is
-        refused before anything is built. By default: the op's declared `targets`."""
-        from bessemer.plugins.ops import OPS
+        refused before anything is built (builder/pipeline.py)."""
+        return op in self.KERNELS
 
-        return self.name in OPS[op].targets
+    def quant_kernel(self, op: str, fmt: type):
+        """The QUANT_KERNELS row for `op` reading weights stored as `fmt` (a StoredFormat
+        subclass); InvalidOptionError naming the formats it does read when there is none."""
+        row = self.QUANT_KERNELS.get((op, fmt))
+        if row is None:
+            read = sorted(f.key for o, f in self.QUANT_KERNELS if o == op)
+            raise InvalidOptionError(f"the {self.name} target has no {op} kernel for {fmt.key} weights (its {op} "
+                                     f"kernels read {', '.join(read) or 'no quantized weights'}); choose another "
+                                     "--quant, --lm-head none or another --target")
+        return row
 
     def check_build(self, build) -> None:
-        """Raises InvalidOptionError when this target cannot build with these options."""
+        """Raises InvalidOptionError when this target cannot build with these options. A
+        target adds its own checks and calls this one (super().check_build(build))."""
+        if build.quant is not None:
+            from bessemer.quantization.formats import weight_format
+
+            fmt = type(weight_format(build.quant, build.quant.group_size))
+            if ("linear", fmt) not in self.QUANT_KERNELS:
+                raise InvalidOptionError(f"--target {self.name} has no kernels for --quant {build.quant.mode} "
+                                         f"({fmt.key} weights) yet; choose another --quant or another --target")
 
     @abstractmethod
     def lower(self, graph, build, kv_cache: dict) -> LoweredRank:

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import torch
 
+from bessemer.format.step import StepBatch
 from bessemer.targets.cuda.interpret import InterpretedExecutor
 
 
@@ -68,7 +69,7 @@ def main(engine_dir: str, num_kv_blocks: int, steps_path: str, out_path: str) ->
     per_step = []
     for step in json.loads(open(steps_path).read()):
         start = len(recorded)
-        ex.step(*[np.asarray(a, dtype=np.int32) for a in step["inputs"]])
+        ex.step(StepBatch.of(*step["inputs"]))
         if step.get("sample"):
             temperature, top_k, top_p, uniform = step["sample"]
             ex.sample(np.asarray(temperature, np.float32), np.asarray(top_k, np.int32),

@@ -23,9 +23,11 @@ from fake_driver import fake_cuda, fake_libcuda, tiny_cubin  # noqa: F401
 from launches import PointerMap, from_fake_log
 
 from bessemer.errors import DeviceError, InvalidOptionError, RequestError
+from bessemer.format.step import FIELDS, StepBatch
 from bessemer.format.kv import section_bytes_per_token
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.engine import Engine
+from bessemer.runtime.executor import SamplingRows
 from bessemer.targets.cuda import step_inputs
 from bessemer.targets.cuda.executor import CudaExecutor, graph_buckets, kv_cache_blocks
 
@@ -52,13 +54,16 @@ def _decode(n: int):
                 context_lens=ctx, block_tables=tables, logits_indices=list(range(n)))
 
 
-def _args(step: dict) -> list:
-    return [np.asarray(step[k], dtype=np.int32) for k in
-            ("token_ids", "positions", "cu_seqlens", "context_lens", "block_tables", "logits_indices")]
+def _batch(step: dict) -> StepBatch:
+    return StepBatch.of(*(step[k] for k in FIELDS))
 
 
 def _sampling(n: int):
     return [0.0, 0.8, 0.0, 1.3][:n], [0, 5, 0, 0][:n], [1.0, 0.9, 1.0, 0.5][:n], [0.0, 0.3, 0.0, 0.7][:n]
+
+
+def _rows(n: int) -> SamplingRows:
+    return SamplingRows(*(np.asarray(a) for a in _sampling(n)))
 
 
 def _loaded(engine, fake_cuda, **options) -> tuple[CudaExecutor, int]:
@@ -109,9 +114,9 @@ def test_steps_upload_inputs_in_one_copy_as_the_reference_derives_them(engine, f
     limits = plan["limits"]
     fake_cuda.clear()
     step = _prefill()
-    logits = ex.step(*_args(step))
+    logits = ex.step(_batch(step))
     assert logits.shape == (2, plan["vocab_size"]) and logits.dtype == np.float32
-    ref, counts = step_inputs.derive(*_args(step), block_size=limits["kv_block_size"],
+    ref, counts = step_inputs.derive(*_batch(step).arrays(), block_size=limits["kv_block_size"],
                                      tile_tokens=plan["attention"]["tile_tokens"],
                                      max_blocks_per_seq=limits["max_blocks_per_seq"], num_blocks=ex.num_kv_blocks)
     on_device = _step_region(ex, counts)
@@ -123,7 +128,7 @@ def test_steps_upload_inputs_in_one_copy_as_the_reference_derives_them(engine, f
     ex.use_graphs = False
     fake_cuda.clear()
     temperature, top_k, top_p, uniform = _sampling(2)
-    tokens, _ = ex.sample(*_args(_decode(2)), temperature, top_k, top_p, uniform)
+    tokens, _ = ex.sampler.sample(_batch(_decode(2)), _rows(2))
     assert tokens.shape == (2,) and tokens.dtype == np.int32
     calls = [r["fn"] for r in fake_cuda.records()]
     assert calls.count("cuMemcpyHtoDAsync") == 1 and calls.count("cuMemcpyDtoHAsync") == 1  # tokens only
@@ -142,7 +147,7 @@ def test_decode_steps_replay_cuda_graphs_padded_to_a_bucket(engine, fake_cuda):
     captures = fake_cuda.records("cuStreamEndCapture")
     assert len(captures) == 5 and all(c["nodes"] > 0 for c in captures)
     fake_cuda.clear()
-    ex.sample(*_args(_decode(3)), *_sampling(3))  # 3 sequences: the graph of 4
+    ex.sampler.sample(_batch(_decode(3)), _rows(3))  # 3 sequences: the graph of 4
     (replay,) = fake_cuda.records("cuGraphLaunch")
     assert ex.stats()["graph_steps"] == 1
     launches = fake_cuda.records("cuLaunchKernelEx")
@@ -162,11 +167,11 @@ def test_decode_steps_replay_cuda_graphs_padded_to_a_bucket(engine, fake_cuda):
     pointers = PointerMap(ex.memory_map(), ex.step_layout(dict(tokens=4, selected=4, seqs=4, prefill_tiles=0,
                                                                 decode_seqs=4)))
     fake_cuda.clear()
-    ex.sample(*_args(_decode(4)), *_sampling(4))
+    ex.sampler.sample(_batch(_decode(4)), _rows(4))
     graph = from_fake_log(fake_cuda.records(), engine.header, pointers, first)
     ex.use_graphs = False
     fake_cuda.clear()
-    ex.sample(*_args(_decode(4)), *_sampling(4))
+    ex.sampler.sample(_batch(_decode(4)), _rows(4))
     eager = from_fake_log(fake_cuda.records(), engine.header, pointers, first)
     assert [dict(g, replay=0) for g in graph] == eager and all(g["replay"] for g in graph)
 
@@ -219,9 +224,9 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
         ex.use_graphs = graphs
         fake_cuda.clear()
         if sampling:
-            ex.sample(*_args(step), *sampling)
+            ex.sampler.sample(_batch(step), SamplingRows(*(np.asarray(a) for a in sampling)))
         else:
-            ex.step(*_args(step))
+            ex.step(_batch(step))
         n, t = len(step["context_lens"]), len(step["token_ids"])
         tiles = len(step_inputs.prefill_tiles(np.asarray(step["cu_seqlens"]), engine.header["plan"]["attention"]["tile_tokens"]))
         decode = int((np.diff(step["cu_seqlens"]) == 1).sum())
@@ -267,17 +272,18 @@ def test_bad_steps_are_refused_with_one_line(engine):
     ex = CudaExecutor(engine, kv_cache_gib=0.01, enforce_eager=True)
     vocab = engine.header["plan"]["vocab_size"]
     bad_token = dict(_prefill(), token_ids=[11, 12, 13, 14, vocab, 21, 22, 23])
-    with pytest.raises(RequestError, match=rf"^token id {vocab} is outside the vocabulary \(0\.\.{vocab - 1}\)$"):
-        ex.step(*_args(bad_token))
-    with pytest.raises(RequestError, match=r"block table names block 9999 outside the KV cache"):
-        ex.step(*_args(dict(_prefill(), block_tables=[[0, 9999], [2, -1]])))
+    # index checks are the engine contract's (format/csrc/step_batch.h), worded as on every target
+    with pytest.raises(RequestError, match=rf"^token_ids\[4\]={vocab} outside \[0, {vocab}\)$"):
+        ex.step(_batch(bad_token))
+    with pytest.raises(RequestError, match=r"^block_tables entry 9999 outside \[-1, "):
+        ex.step(_batch(dict(_prefill(), block_tables=[[0, 9999], [2, -1]])))
     limit = engine.build["max_num_tokens"]
     n = limit + 1
     with pytest.raises(RequestError, match=rf"^the step has {n} tokens; the engine allows {limit} per step"):
-        ex.step(*_args(dict(token_ids=[1] * n, positions=list(range(n)), cu_seqlens=[0, n], context_lens=[n],
+        ex.step(_batch(dict(token_ids=[1] * n, positions=list(range(n)), cu_seqlens=[0, n], context_lens=[n],
                             block_tables=[list(range(-(-n // 4)))], logits_indices=[n - 1])))
     with pytest.raises(RequestError, match="consecutive positions"):
-        ex.step(*_args(dict(_prefill(), positions=[0, 1, 2, 3, 5, 0, 1, 2])))
+        ex.step(_batch(dict(_prefill(), positions=[0, 1, 2, 4, 3, 0, 1, 2])))
 
 
 def test_llm_samples_on_the_device_unless_a_row_needs_the_logits(cuda_engine, fake_cuda):

@@ -1,7 +1,7 @@
 """cuda kernels that work row by row, under the Triton interpreter, vs the op set's NumPy
 references (bessemer/plugins/ops.py) on the same rounded inputs: embedding, gather_rows,
-rms_norm, add_rms_norm, rms_norm_heads, add, silu_mul, gelu_tanh_mul, scale, rope fused with
-the KV-cache write, the plain KV-cache write of NoPE layers, and the GEMM.
+rms_norm, add_rms_norm, rms_norm_heads, add, silu_mul, gelu_tanh_mul, scale, sigmoid_gate_mul,
+rope fused with the KV-cache write, the plain KV-cache write of NoPE layers, and the GEMM.
 
 Shapes are small and ragged on purpose: widths that are not powers of two or tile
 multiples, views with row strides wider than their width, in-place outputs.
@@ -117,6 +117,18 @@ def test_gelu_tanh_mul_and_scale(dtype):
     x_in = host(out)
     elementwise.scale_kernel[(3, 1)](out, out, 8.0 ** 0.5, WIDTH=44, X_STRIDE=44, OUT_STRIDE=44, BLOCK=64)
     assert_rounded_close(host(out), ops.ref_scale(x_in, 8.0 ** 0.5), dtype, "scale")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_gate_mul(dtype):
+    """Qwen2-MoE's shared-expert gate: y * sigmoid(g), g one column of a wider view, in place."""
+    rng = np.random.default_rng(8)
+    y = device_tensor(2 * rng.normal(size=(3, 44)), dtype)
+    gate = device_tensor(3 * rng.normal(size=(3, 5)), dtype)[:, 2:3]  # row stride 5
+    y_in = host(y)
+    elementwise.sigmoid_gate_mul_kernel[(3, 3)](y, gate, y, WIDTH=44, Y_STRIDE=44, GATE_STRIDE=5, OUT_STRIDE=44,
+                                                BLOCK=16)
+    assert_rounded_close(host(y), ops.ref_sigmoid_gate_mul(y_in, host(gate)), dtype, "sigmoid_gate_mul")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from bessemer.format.step import StepBatch
+from bessemer.runtime.executor import SamplingRows
 from bessemer.runtime.llm import LLM, SamplingParams
 
 PEAK_HBM_BYTES_S = 4.8e12  # H200
@@ -89,6 +91,11 @@ def prefix_cache(llm: LLM, vocab: int, tie: float, new_tokens: int = 24, length:
             "pass": hit_tokens >= shared and all(r["pass"] for r in rows)}
 
 
+def _rows(temperature, top_k, top_p, uniform) -> SamplingRows:
+    return SamplingRows(np.asarray(temperature, np.float32), np.asarray(top_k, np.int32),
+                        np.asarray(top_p, np.float32), np.asarray(uniform, np.float64))
+
+
 def _tables(lengths: list[int], block: int, first_block: int = 0) -> np.ndarray:
     width = max(-(-(n + 1) // block) for n in lengths)
     tables = np.full((len(lengths), width), -1, np.int32)
@@ -119,19 +126,18 @@ def graph_vs_eager(llm: LLM, vocab: int, recorder=None) -> dict:
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         tokens = np.concatenate([p[:m] for p, m in zip(ids, lengths)]).astype(np.int32)
         positions = np.concatenate([np.arange(m) for m in lengths]).astype(np.int32)
-        ex.step(tokens, positions, cu, np.array(lengths, np.int32), tables, (cu[1:] - 1).astype(np.int32))
-        step = (np.array([p[m] if m < len(p) else 1 for p, m in zip(ids, lengths)], np.int32),
-                np.array(lengths, np.int32), np.arange(n + 1, dtype=np.int32), np.array(lengths, np.int32) + 1,
-                tables, np.arange(n, dtype=np.int32))
-        sampling = ([0.0, 0.9, 0.0, 1.2][:n], [0, 20, 0, 0][:n], [1.0, 0.8, 1.0, 0.95][:n], [0.0, 0.4, 0.0, 0.6][:n])
+        ex.step(StepBatch.of(tokens, positions, cu, lengths, tables, cu[1:] - 1))
+        step = StepBatch.of([p[m] if m < len(p) else 1 for p, m in zip(ids, lengths)], lengths, np.arange(n + 1),
+                            np.array(lengths) + 1, tables, np.arange(n))
+        sampling = _rows([0.0, 0.9, 0.0, 1.2][:n], [0, 20, 0, 0][:n], [1.0, 0.8, 1.0, 0.95][:n], [0.0, 0.4, 0.0, 0.6][:n])
         before = ex.stats()["graph_steps"]
         ex.use_graphs = True
         with (recorder() if recorder else nullcontext([])) as graph_log:
-            tok_g, log_g = ex.sample(*step, *sampling, want_logits=True)
+            tok_g, log_g = ex.sampler.sample(step, sampling, want_logits=True)
         replayed = ex.stats()["graph_steps"] - before
         ex.use_graphs = False
         with (recorder() if recorder else nullcontext([])) as eager_log:
-            tok_e, log_e = ex.sample(*step, *sampling, want_logits=True)
+            tok_e, log_e = ex.sampler.sample(step, sampling, want_logits=True)
         ex.use_graphs = True
         row = {"graph_replayed": replayed == 1,
                "logits_bitwise_equal": bool(np.array_equal(log_g.view(np.uint32), log_e.view(np.uint32))),
@@ -171,15 +177,15 @@ def decode_step_tok_s(llm: LLM, batch: int, context: int, steps: int = 50, warm:
     token readback), on KV blocks of the pool (their contents do not change the time)."""
     ex = llm.executor
     tables = _tables([context] * batch, llm.block_size, first_block=0)
-    args = (np.ones(batch, np.int32), np.full(batch, context - 1, np.int32), np.arange(batch + 1, dtype=np.int32),
-            np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int32))
-    sampling = ([0.0] * batch, [0] * batch, [1.0] * batch, [0.0] * batch)
+    step = StepBatch.of(np.ones(batch, np.int32), np.full(batch, context - 1), np.arange(batch + 1),
+                        np.full(batch, context), tables, np.arange(batch))
+    sampling = _rows([0.0] * batch, [0] * batch, [1.0] * batch, [0.0] * batch)
     for _ in range(warm):
-        ex.sample(*args, *sampling)
+        ex.sampler.sample(step, sampling)
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        ex.sample(*args, *sampling)
+        ex.sampler.sample(step, sampling)
         times.append(time.perf_counter() - t)
     return batch / statistics.median(times)
 
@@ -214,13 +220,12 @@ def prefill_speed(llm: LLM, vocab: int, tokens: int, repeats: int = 3) -> dict:
     and the time to first token of the same prompt through LLM.generate."""
     ex = llm.executor
     ids = np.array(prompts(1, tokens, vocab, 31)[0], np.int32)
-    args = (ids, np.arange(tokens, dtype=np.int32), np.array([0, tokens], np.int32), np.array([tokens], np.int32),
-            _tables([tokens], llm.block_size), np.array([tokens - 1], np.int32))
-    ex.step(*args)
+    step = StepBatch.of(ids, np.arange(tokens), [0, tokens], [tokens], _tables([tokens], llm.block_size), [tokens - 1])
+    ex.step(step)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        ex.step(*args)
+        ex.step(step)
         times.append(time.perf_counter() - t)
     t = time.perf_counter()
     out = llm.generate([ids.tolist()], greedy(1))[0]

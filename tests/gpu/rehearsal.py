@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bessemer.format.step import StepBatch
+from bessemer.runtime.executor import SamplingRows
+
 # result paths (as report.py reads them) that a CPU cannot measure, and why
 NOT_MEASURABLE = {
     "decode-8b": "8B batch-1 decode tok/s, bytes/token, % of 4.8 TB/s: needs the H200's HBM",
@@ -46,52 +49,64 @@ NOT_MEASURABLE = {
 
 
 class InterpretedCudaExecutor:
-    """The cuda executor's interface (step, sample on the 'device') over the interpreted
-    launcher: same launch list, same plan, kernels run as Triton source with NumPy."""
-
-    samples_on_device = True
+    """The cuda executor's interface (the Executor protocol, with a device sampler) over the
+    interpreted launcher: same launch list, same plan, kernels run as Triton source with NumPy."""
 
     def __init__(self, engine_dir: Path, num_kv_blocks: int):
         from bessemer.targets.cuda.interpret import InterpretedExecutor
 
         self._ex = InterpretedExecutor(engine_dir, num_kv_blocks, verify_checksum=False)
+        self.info = self._ex.info
         self.num_kv_blocks = num_kv_blocks
         self.use_graphs = False
+        self.sampler = _InterpretedSampler(self._ex)
 
-    def step(self, *inputs) -> np.ndarray:
-        """A StepBatch, or its six arrays (as CudaExecutor.step)."""
-        return self._ex.step(*inputs)
+    def step(self, batch: StepBatch) -> np.ndarray:
+        return self._ex.step(batch)
 
-    def sample(self, token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices,
-               temperature, top_k, top_p, uniform, want_logits: bool = False):
-        from bessemer.targets.cuda.executor import UNIFORM_MAX
+    def failure(self) -> str | None:
+        return None
 
-        logits = self._ex.step(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices)
-        uniform = np.minimum(np.asarray(uniform, np.float32), UNIFORM_MAX)
-        tokens = self._ex.sample(np.asarray(temperature, np.float32), np.asarray(top_k, np.int32),
-                                 np.asarray(top_p, np.float32), uniform)
-        return tokens, (logits if want_logits else None)
+    def close(self) -> None:
+        pass
 
     def stats(self) -> dict:
         return {"interpreted_launches": self._ex.launches}
 
 
+class _InterpretedSampler:
+    """CudaSampler's sample() over the interpreted launcher: the step, then the plan's sample launch."""
+
+    def __init__(self, interpreted):
+        self._ex = interpreted
+
+    def sample(self, batch: StepBatch, rows: SamplingRows, want_logits: bool = False):
+        from bessemer.targets.cuda.executor import UNIFORM_MAX
+
+        logits = self._ex.step(batch)
+        tokens = self._ex.sample(np.asarray(rows.temperature, np.float32), np.asarray(rows.top_k, np.int32),
+                                 np.asarray(rows.top_p, np.float32),
+                                 np.minimum(np.asarray(rows.uniform, np.float32), UNIFORM_MAX))
+        return tokens, (logits if want_logits else None)
+
+
 def interpreted(llm) -> None:
     """Replaces the LLM's (fake-driver) executor by the interpreted one, with the same KV
     block count (the block manager stays as it is)."""
-    llm.llm_engine.executor = InterpretedCudaExecutor(llm.engine.dir, llm.num_kv_blocks)
+    llm.llm_engine.sampling_step.executor = InterpretedCudaExecutor(llm.engine.dir, llm.num_kv_blocks)
 
 
 def fake_computes_nothing(llm) -> None:
     """On the fake driver the 'sampled' ids are whatever its memory holds: kept inside the
     vocabulary so that the scheduler, detokenizer-free outputs and metrics run as usual."""
-    sample, vocab = llm.executor.sample, llm.vocab_size
+    sampler, vocab = llm.executor.sampler, llm.vocab_size
+    sample = sampler.sample
 
     def in_vocab(*args, **kwargs):
         tokens, logits = sample(*args, **kwargs)
         return np.asarray(tokens) % vocab, logits
 
-    llm.executor.sample = in_vocab
+    sampler.sample = in_vocab
 
 
 @contextmanager

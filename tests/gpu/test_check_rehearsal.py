@@ -33,6 +33,7 @@ def _env(**extra) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_rehearsal_runs_every_stage_and_reports_what_a_cpu_cannot_measure(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run([str(HERE / "check.sh"), "--rehearse"], cwd=tmp_path, capture_output=True, text=True,
@@ -78,6 +79,7 @@ QUANT_STAGES = ["environment", "checkpoint-8b", "build-8b-w4a16", "build-8b-fp8"
                 "decode-batches-8b"]
 
 
+@pytest.mark.slow
 def test_quant_suite_rehearsal_runs_every_stage(tmp_path):
     """check.sh --suite quant (issue 22) on CPU: int4 g128, fp8 and fp8 + fp8-KV engines of the
     8B shape (tiny here) built and served on the fake driver beside the bf16 one; every speed

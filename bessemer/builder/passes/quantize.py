@@ -6,8 +6,12 @@ weights are quantized by that format while they are packed (builder/weights.py) 
 target's lowering picks the kernel that reads it. Exclusions are fnmatch patterns on node
 names (HF module paths). A w8a8 (SmoothQuant) linear whose input comes from attention (no
 producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 1/s.
-A MoE router (the linear feeding a moe op's router logits) stays in floating point; the
-experts themselves are stored float32 by the cpu target (no quantized moe kernel yet).
+A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
+node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 format) when the
+target has a kernel for them, by round to nearest whatever the mode's algorithm (calibration
+covers linears only); otherwise (modes without an expert kernel: w8a8-sq, fp8; tensor
+parallelism; rows that are not whole panels of 16) they stay float32. expert_notes() says
+which, for the build log.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
 the mode's scheme (see quantization/config.py). A table the embedding gathers from (tied
@@ -19,8 +23,10 @@ from dataclasses import replace
 from fnmatch import fnmatch
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph
-from bessemer.quantization.formats import Int8PerChannel, weight_format
+from bessemer.builder.graph import Graph, Node
+from bessemer.errors import InvalidOptionError
+from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, weight_format
+from bessemer.targets import get_target
 
 
 def quantize(graph: Graph, build: BuildConfig) -> Graph:
@@ -36,6 +42,9 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
     nodes, table_quant = [], {}
     for n in graph.nodes:
         excluded = any(fnmatch(n.name, pat) or fnmatch(n.name, pat + ".*") for pat in q.exclude_modules)
+        if n.op == "moe" and not excluded:
+            nodes.append(_quantize_experts(n, build))
+            continue
         if n.op != "linear" or excluded or n.outputs[0] in router_logits:
             nodes.append(n)
             continue
@@ -57,3 +66,51 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
     nodes = [replace(n, weights=tuple(replace(w, quant=table_quant[w.name]) for w in n.weights))
              if n.op == "embedding" and n.weights[0].name in table_quant else n for n in nodes]
     return replace(graph, nodes=tuple(nodes), values={})
+
+
+def _float32_experts_reason(node: Node, build: BuildConfig) -> str | None:
+    """Why node's experts stay float32 under build.quant, or None: they are quantized."""
+    q = build.quant
+    if not isinstance(weight_format(q, node.weights[0].shape[1]), (Int8PerChannel, Int4Group)):
+        return f"no {q.mode} expert kernel; w8a16 and w4a16 quantize experts"
+    try:
+        get_target(build.target).quant_kernel("moe", ExpertStack)
+    except InvalidOptionError:
+        return f"the {build.target} target has no quantized expert kernel yet"
+    if build.tp_size > 1:
+        return "quantized experts are built for --tp 1 only so far"
+    if (2 * int(node.attrs["expert_size"])) % 16 or node.weights[0].shape[1] % 16:  # K of gate_up: hidden
+        return "2 * expert_size and hidden_size must be multiples of 16 for quantized experts"
+    return None
+
+
+def _quantize_experts(node: Node, build: BuildConfig) -> Node:
+    """node's gate_up and down as ExpertStacks of the mode's format (each with its own K's
+    group size), requantized from the dequantized values when the checkpoint ships MXFP4;
+    unchanged where they stay float32 (a shipped MXFP4 then stays MXFP4 where the target
+    keeps it: targets/cpu/lowering.py)."""
+    if _float32_experts_reason(node, build) is not None:
+        return node
+    stacked = int(node.attrs.get("layout", 0)) == 1
+    experts = int(node.attrs.get("local_experts", node.attrs["num_experts"]))
+    weights = tuple(replace(w, quant=ExpertStack(weight_format(build.quant, w.shape[1]), experts, stacked))
+                    for w in node.weights[:2])
+    return replace(node, weights=weights + node.weights[2:],
+                   attrs={k: v for k, v in node.attrs.items() if k != "mxfp4_experts"})
+
+
+def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
+    """One build-log line per distinct way the experts are stored (never silent: an AWQ or
+    GPTQ build stores its experts RTN)."""
+    if build.quant is None:
+        return []
+    notes = set()
+    for n in (n for n in graph.nodes if n.op == "moe"):
+        why = _float32_experts_reason(n, build)
+        algorithm = build.quant.algorithm
+        if why is None:
+            notes.add("RTN" if algorithm == "rtn" else f"RTN ({algorithm} calibrates linears only)")
+        else:
+            shipped = "; MXFP4 as shipped where the target keeps it" if n.attrs.get("mxfp4_experts") else ""
+            notes.add(f"float32 ({why}){shipped}")
+    return [f"experts: {note}" for note in sorted(notes)]

@@ -229,5 +229,60 @@ class Parser {
 
 Value parse(const char* text, size_t size) { return Parser(text, size).document(); }
 
+const Value& member(const Value& obj, const char* key, const std::string& where) {
+    if (obj.kind != Kind::Object) throw std::invalid_argument(where + " must be an object");
+    const Value* v = obj.find(key);
+    if (!v) throw std::invalid_argument(where + ": missing '" + key + "'");
+    return *v;
+}
+
+int64_t as_int(const Value& v, const std::string& what) {
+    if (v.kind != Kind::Int) throw std::invalid_argument(what + " must be an integer");
+    return v.integer;
+}
+
+double as_number(const Value& v, const std::string& what) {
+    if (!v.is_number()) throw std::invalid_argument(what + " must be a number");
+    return v.number();
+}
+
+bool as_bool(const Value& v, const std::string& what) {
+    if (v.kind != Kind::Bool) throw std::invalid_argument(what + " must be true or false");
+    return v.boolean;
+}
+
+const std::string& as_string(const Value& v, const std::string& what) {
+    if (v.kind != Kind::String) throw std::invalid_argument(what + " must be a string");
+    return v.str;
+}
+
+const std::vector<Value>& as_list(const Value& v, const std::string& what) {
+    if (v.kind != Kind::Array) throw std::invalid_argument(what + " must be a list");
+    return v.items;
+}
+
+namespace {
+const Value* present(const Value& obj, const char* key, const std::string& where) {
+    if (obj.kind != Kind::Object) throw std::invalid_argument(where + " must be an object");
+    const Value* v = obj.find(key);
+    return v && v->kind != Kind::Null ? v : nullptr;
+}
+}  // namespace
+
+int64_t int_or(const Value& obj, const char* key, int64_t fallback, const std::string& where) {
+    const Value* v = present(obj, key, where);
+    return v ? as_int(*v, where + ": '" + key + "'") : fallback;
+}
+
+bool bool_or(const Value& obj, const char* key, bool fallback, const std::string& where) {
+    const Value* v = present(obj, key, where);
+    return v ? as_bool(*v, where + ": '" + key + "'") : fallback;
+}
+
+std::string string_or(const Value& obj, const char* key, const std::string& fallback, const std::string& where) {
+    const Value* v = present(obj, key, where);
+    return v ? as_string(*v, where + ": '" + key + "'") : fallback;
+}
+
 }  // namespace json
 }  // namespace bessemer

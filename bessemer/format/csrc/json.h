@@ -30,5 +30,18 @@ struct Value {
 
 Value parse(const char* text, size_t size);
 
+// Typed reads for the readers built on this parser (every target's plan reader): each throws
+// std::invalid_argument naming `where` and what is wrong, so a header error is one line.
+const Value& member(const Value& obj, const char* key, const std::string& where);  // "missing 'key'"
+int64_t as_int(const Value& v, const std::string& what);                  // an integer
+double as_number(const Value& v, const std::string& what);                // an integer or a real
+bool as_bool(const Value& v, const std::string& what);
+const std::string& as_string(const Value& v, const std::string& what);
+const std::vector<Value>& as_list(const Value& v, const std::string& what);
+// An optional key: `fallback` when it is absent or null, else the value checked as above.
+int64_t int_or(const Value& obj, const char* key, int64_t fallback, const std::string& where);
+bool bool_or(const Value& obj, const char* key, bool fallback, const std::string& where);
+std::string string_or(const Value& obj, const char* key, const std::string& fallback, const std::string& where);
+
 }  // namespace json
 }  // namespace bessemer

@@ -9,31 +9,18 @@ namespace bessemer {
 
 namespace {
 
+using json::as_int;
+using json::as_list;
+using json::member;
+
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-
-const json::Value& item(const json::Value& obj, const char* key, const std::string& where) {
-    if (obj.kind != json::Kind::Object) fail(where + " must be an object");
-    const json::Value* v = obj.find(key);
-    if (!v) fail(where + ": missing '" + key + "'");
-    return *v;
-}
-
-int64_t to_int(const json::Value& v, const std::string& what) {
-    if (v.kind != json::Kind::Int) fail(what + " must be an integer");
-    return v.integer;
-}
-
-const std::vector<json::Value>& to_list(const json::Value& v, const std::string& what) {
-    if (v.kind != json::Kind::Array) fail(what + " must be a list");
-    return v.items;
-}
 
 ViewRef parse_view(const json::Value& v, const std::vector<BufferInfo>& buffers, const std::string& where) {
     if (v.kind != json::Kind::Array || v.items.size() != 3) fail(where + ": a view is [buf, col, width]");
     ViewRef r;
-    r.buf = int(to_int(v.items[0], where));
-    r.col = int(to_int(v.items[1], where));
-    r.width = int(to_int(v.items[2], where));
+    r.buf = int(as_int(v.items[0], where));
+    r.col = int(as_int(v.items[1], where));
+    r.width = int(as_int(v.items[2], where));
     if (r.buf < 0 || size_t(r.buf) >= buffers.size() || !buffers[r.buf].defined)
         fail(where + ": view refers to unknown buffer " + std::to_string(r.buf));
     const int bw = buffers[r.buf].width;
@@ -42,36 +29,6 @@ ViewRef parse_view(const json::Value& v, const std::vector<BufferInfo>& buffers,
              std::to_string(r.width) + "] is outside buffer " + std::to_string(r.buf) + " (width " +
              std::to_string(bw) + ")");
     return r;
-}
-
-KvCacheDesc parse_kv(const json::Value& kv) {
-    KvCacheDesc d;
-    d.layers = int(to_int(item(kv, "num_layers", "kv_cache"), "kv_cache num_layers"));
-    if (d.layers < 0) fail("kv_cache: num_layers must be >= 0");
-    if (d.layers > 0) {
-        d.heads = int(to_int(item(kv, "num_kv_heads", "kv_cache"), "kv_cache num_kv_heads"));
-        d.head_dim = int(to_int(item(kv, "head_dim", "kv_cache"), "kv_cache head_dim"));
-        if (d.heads <= 0 || d.head_dim <= 0) fail("kv_cache: num_kv_heads/head_dim must be > 0");
-    }
-    std::string name = "float32";
-    if (const json::Value* dt = kv.find("dtype")) {
-        if (dt->kind == json::Kind::String) name = dt->str;
-        else if (dt->kind == json::Kind::Int) name = dtype_name(int(dt->integer));
-    }
-    d.dtype = dtype_id(name);
-    const KvDTypeInfo* kvt = kv_dtype_info(d.dtype);
-    if (!kvt) {
-        std::string ok;
-        for (const KvDTypeInfo& k : kKvDTypes) ok += std::string(ok.empty() ? "" : ", ") + dtype_name(k.dtype);
-        fail("kv_cache: dtype '" + name + "' not supported (" + ok + ")");
-    }
-    // One-byte codes need their scales; only the dynamic per-(token, head) kind exists.
-    const json::Value* sc = kv.find("scales");
-    const std::string scales = sc && sc->kind == json::Kind::String ? sc->str : std::string();
-    if (kvt->scale_bytes > 0 && scales != kvt->scales)
-        fail("kv_cache: dtype " + name + " needs scales '" + kvt->scales + "', got '" + scales +
-             "'; rebuild the engine");
-    return d;
 }
 
 // Tensors own disjoint byte ranges: a table whose entries share bytes would let one
@@ -141,25 +98,58 @@ void check_reads_initialised(const PlanDesc& p) {
 
 }  // namespace
 
-void parse_tensor_table(const EngineFile& file, const json::Value& table, RankHeader* out) {
+KvCacheDesc parse_kv_cache(const json::Value& kv) {
+    KvCacheDesc d;
+    d.layers = int(as_int(member(kv, "num_layers", "kv_cache"), "kv_cache num_layers"));
+    if (d.layers < 0) fail("kv_cache: num_layers must be >= 0");
+    if (d.layers > 0) {
+        d.heads = int(as_int(member(kv, "num_kv_heads", "kv_cache"), "kv_cache num_kv_heads"));
+        d.head_dim = int(as_int(member(kv, "head_dim", "kv_cache"), "kv_cache head_dim"));
+        if (d.heads <= 0 || d.head_dim <= 0) fail("kv_cache: num_kv_heads/head_dim must be > 0");
+    }
+    std::string name = "float32";
+    if (const json::Value* dt = kv.find("dtype")) {
+        if (dt->kind == json::Kind::String) name = dt->str;
+        else if (dt->kind == json::Kind::Int) name = dtype_name(int(dt->integer));
+    }
+    d.dtype = dtype_id(name);
+    const KvDTypeInfo* kvt = kv_dtype_info(d.dtype);
+    if (!kvt) {
+        std::string ok;
+        for (const KvDTypeInfo& k : kKvDTypes) ok += std::string(ok.empty() ? "" : ", ") + dtype_name(k.dtype);
+        fail("kv_cache: dtype '" + name + "' not supported (" + ok + ")");
+    }
+    // One-byte codes need their scales (only the dynamic per-(token, head) kind exists), and
+    // only they have them: an executor sizes the cache by this rule (kv_bytes_per_token).
+    const json::Value* sc = kv.find("scales");
+    const std::string scales = sc && sc->kind == json::Kind::String ? sc->str : std::string();
+    if (kvt->scale_bytes > 0 && scales != kvt->scales)
+        fail("kv_cache: dtype " + name + " needs scales '" + kvt->scales + "', got '" + scales +
+             "'; rebuild the engine");
+    if (kvt->scale_bytes == 0 && sc && sc->kind != json::Kind::Null)
+        fail("kv_cache: dtype " + name + " has no scales, the plan gives some; rebuild the engine");
+    return d;
+}
+
+void parse_tensor_table(const EngineFile& file, const json::Value& table, TensorTable* out) {
     const uint64_t fsize = file.size(), doff = file.data_offset();
     const uint8_t* base = file.data() + doff;
-    for (const json::Value& e : to_list(table, "tensor table")) {
+    for (const json::Value& e : as_list(table, "tensor table")) {
         if (e.kind != json::Kind::Object) fail("tensor table entries must be objects");
         auto t = std::make_unique<TensorRef>();
-        const json::Value& nm = item(e, "name", "tensor");
+        const json::Value& nm = member(e, "name", "tensor");
         if (nm.kind != json::Kind::String) fail("tensor name must be a string");
         t->name = nm.str;
         const std::string where = "tensor " + t->name;
-        t->dtype = int(to_int(item(e, "dtype", where), where + ": dtype"));
-        t->layout = int(to_int(item(e, "layout", where), where + ": layout"));
-        for (const json::Value& s : to_list(item(e, "shape", where), where + ": shape")) {
-            const int64_t v = to_int(s, where + ": shape");
+        t->dtype = int(as_int(member(e, "dtype", where), where + ": dtype"));
+        t->layout = int(as_int(member(e, "layout", where), where + ": layout"));
+        for (const json::Value& s : as_list(member(e, "shape", where), where + ": shape")) {
+            const int64_t v = as_int(s, where + ": shape");
             if (v < 0) fail(where + ": negative dimension in shape");
             t->shape.push_back(v);
         }
-        const int64_t offset = to_int(item(e, "offset", where), where + ": offset");
-        t->nbytes = to_int(item(e, "nbytes", where), where + ": nbytes");
+        const int64_t offset = as_int(member(e, "offset", where), where + ": offset");
+        t->nbytes = as_int(member(e, "nbytes", where), where + ": nbytes");
         if (out->by_name.count(t->name)) fail(where + ": duplicate name in the tensor table");
         std::string why;
         const int64_t expect = stored_nbytes(t->dtype, t->layout, t->shape, &why);
@@ -182,9 +172,9 @@ void parse_tensor_table(const EngineFile& file, const json::Value& table, RankHe
 
 PlanDesc parse_plan(const json::Value& plan) {
     PlanDesc p;
-    for (const json::Value& b : to_list(item(plan, "buffers", "plan"), "plan buffers")) {
-        const int64_t id = to_int(item(b, "id", "plan buffer"), "plan buffer id");
-        const int64_t width = to_int(item(b, "width", "plan buffer"), "plan buffer width");
+    for (const json::Value& b : as_list(member(plan, "buffers", "plan"), "plan buffers")) {
+        const int64_t id = as_int(member(b, "id", "plan buffer"), "plan buffer id");
+        const int64_t width = as_int(member(b, "width", "plan buffer"), "plan buffer width");
         const json::Value* rows = b.find("rows");
         const std::string kind = rows && rows->kind == json::Kind::String ? rows->str : kRowKindNames[ROWS_TOKENS];
         if (id < 0 || id > 1000000) fail("plan buffer id " + std::to_string(id) + " out of range");
@@ -199,29 +189,29 @@ PlanDesc parse_plan(const json::Value& plan) {
         else fail("plan buffer " + std::to_string(id) + ": rows must be 'tokens' or 'selected'");
     }
     const json::Value* kv = plan.find("kv_cache");
-    if (kv && kv->kind != json::Kind::Null) p.kv = parse_kv(*kv);
-    p.vocab_size = int(to_int(item(plan, "vocab_size", "plan"), "plan vocab_size"));
+    if (kv && kv->kind != json::Kind::Null) p.kv = parse_kv_cache(*kv);
+    p.vocab_size = int(as_int(member(plan, "vocab_size", "plan"), "plan vocab_size"));
     if (p.vocab_size <= 0) fail("plan vocab_size must be > 0");
-    p.logits = parse_view(item(plan, "logits", "plan"), p.buffers, "plan logits");
+    p.logits = parse_view(member(plan, "logits", "plan"), p.buffers, "plan logits");
     if (p.logits.width != p.vocab_size)
         fail("plan logits view has width " + std::to_string(p.logits.width) + ", vocab_size is " +
              std::to_string(p.vocab_size));
     int idx = 0;
-    for (const json::Value& d : to_list(item(plan, "steps", "plan"), "plan steps")) {
+    for (const json::Value& d : as_list(member(plan, "steps", "plan"), "plan steps")) {
         const std::string where = "plan step " + std::to_string(idx++);
         PlanStep s;
-        const json::Value& op = item(d, "op", where);
+        const json::Value& op = member(d, "op", where);
         if (op.kind != json::Kind::String) fail(where + ": op must be a string");
         s.op = op.str;
-        s.version = int(to_int(item(d, "version", where), where + ": version"));
+        s.version = int(as_int(member(d, "version", where), where + ": version"));
         if (const json::Value* node = d.find("node"); node && node->kind == json::Kind::String) s.node = node->str;
         const std::string label = where + " (" + s.op + "@" + std::to_string(s.version) + ")";
         if (const json::Value* ins = d.find("ins"))
-            for (const json::Value& v : to_list(*ins, label + " ins")) s.ins.push_back(parse_view(v, p.buffers, label));
+            for (const json::Value& v : as_list(*ins, label + " ins")) s.ins.push_back(parse_view(v, p.buffers, label));
         if (const json::Value* outs = d.find("outs"))
-            for (const json::Value& v : to_list(*outs, label + " outs")) s.outs.push_back(parse_view(v, p.buffers, label));
+            for (const json::Value& v : as_list(*outs, label + " outs")) s.outs.push_back(parse_view(v, p.buffers, label));
         if (const json::Value* ws = d.find("weights"))
-            for (const json::Value& w : to_list(*ws, label + " weights")) {
+            for (const json::Value& w : as_list(*ws, label + " weights")) {
                 if (w.kind != json::Kind::String) fail(label + ": weight names must be strings");
                 s.weights.push_back(w.str);
             }
@@ -244,8 +234,8 @@ RankHeader read_rank_header(const EngineFile& file) {
     RankHeader h;
     h.json = json::parse(file.header_ptr(), file.header_len());
     if (h.json.kind != json::Kind::Object) fail(file.path() + ": the header is not a JSON object");
-    parse_tensor_table(file, item(h.json, "tensors", "header"), &h);
-    h.plan = parse_plan(item(h.json, "plan", "header"));
+    parse_tensor_table(file, member(h.json, "tensors", "header"), &h);
+    h.plan = parse_plan(member(h.json, "plan", "header"));
     return h;
 }
 

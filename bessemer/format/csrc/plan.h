@@ -57,19 +57,26 @@ struct PlanDesc {
     int vocab_size = 0;
 };
 
-// The whole header of a mapped rank file.
-struct RankHeader {
-    json::Value json;
+// A rank file's tensor table, every entry checked against the contract and the file.
+struct TensorTable {
     std::vector<std::unique_ptr<TensorRef>> tensors;  // table order; pointers stay valid
     std::unordered_map<std::string, const TensorRef*> by_name;
+};
+
+// The whole header of a mapped rank file of the plan schema above (the cpu target's).
+struct RankHeader : TensorTable {
+    json::Value json;
     PlanDesc plan;
 };
 
 // Parses file.header (throws std::invalid_argument naming what is wrong).
 RankHeader read_rank_header(const EngineFile& file);
 
-// The pieces, for tools and tests: a tensor table (offsets checked against the file) and a plan.
-void parse_tensor_table(const EngineFile& file, const json::Value& table, RankHeader* out);
+// The pieces, for tools, tests and targets with their own plan schema: a tensor table
+// (offsets checked against the file) and a plan.
+void parse_tensor_table(const EngineFile& file, const json::Value& table, TensorTable* out);
 PlanDesc parse_plan(const json::Value& plan);
+// The plan's "kv_cache" section (format/kv.py): dtype and the scale rule checked.
+KvCacheDesc parse_kv_cache(const json::Value& kv);
 
 }  // namespace bessemer

@@ -71,4 +71,11 @@ EngineFile::~EngineFile() {
     if (base_) ::munmap(const_cast<char*>(base_), size_);
 }
 
+void check_format_version(const EngineFile& file) {
+    if (file.format_major() != kFormatMajor)
+        throw std::invalid_argument(file.path() + ": unsupported format version " +
+                                    std::to_string(file.format_major()) + "." + std::to_string(file.format_minor()) +
+                                    " (this runtime reads " + std::to_string(kFormatMajor) + ".x)");
+}
+
 }  // namespace bessemer

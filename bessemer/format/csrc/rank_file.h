@@ -18,8 +18,8 @@ struct OsError : std::runtime_error {
     std::string path;
 };
 
-// Opens any format version (so tools can read the header of a newer file); the Executor
-// refuses a format_major other than kFormatMajor (format.h).
+// Opens any format version (so tools can read the header of a newer file); every target's
+// executor calls check_format_version() first.
 
 class EngineFile {
    public:
@@ -43,5 +43,9 @@ class EngineFile {
     uint64_t size_ = 0, header_len_ = 0, data_offset_ = 0;
     int major_ = 0, minor_ = 0;
 };
+
+// Throws std::invalid_argument naming both versions when the file's format major is not
+// kFormatMajor (format.h): the one version rule of every executor.
+void check_format_version(const EngineFile& file);
 
 }  // namespace bessemer

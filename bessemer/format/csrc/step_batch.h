@@ -26,7 +26,9 @@ struct StepLimits {
 };
 
 // Throws std::invalid_argument naming the first index out of range (the sizes T, S, L, B
-// are checked by whoever made the batch); returns max(1, max context_lens).
+// are checked where the batch is read: step_batch_py.h); returns max(1, max context_lens).
+// Every target's executor runs it on every step; a target checks only what its own kernels
+// assume besides (targets/cuda/csrc/step_inputs.h).
 int check_step_batch(const StepBatch& b, const StepLimits& limits);
 
 }  // namespace bessemer

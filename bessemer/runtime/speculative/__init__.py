@@ -1,9 +1,10 @@
 """Speculative decoding: draft k tokens cheaply, verify them in one target step.
 
 `config` says how (n-gram lookup or a draft engine), `ngram` and `draft_model` propose,
-`rejection` decides what the target accepts. The engine core (runtime/llm_engine.py)
-drives them; the scheduler gives each drafting sequence 1 + k tokens and rolls back the
-KV of rejected ones.
+`drafting` adds the proposals to a step's decode chunks, `rejection` decides what the target
+accepts (in runtime/sampling_step.py). The engine core (runtime/llm_engine.py) drives them;
+the scheduler gives each drafting sequence 1 + k tokens and rolls back the KV of rejected
+ones.
 """
 
 from bessemer.runtime.speculative.config import SpeculativeConfig

@@ -1,7 +1,10 @@
 """The cpu target: x86-64 with AVX2+FMA as the baseline and AVX-512 / VNNI / BF16 fast
 paths chosen at run time; weights pre-packed at build time for the kernels.
 
+    kernel_table.py  the ops it runs and the kernel reading each stored quantized format
     lowering.py   storage layouts and kernel choice (builder side)
+    executor.py   the C++ executor behind the runtime's Executor protocol
+    parallel/     tensor parallelism: a --tp N engine as N processes, one per rank
     csrc/         the C++ executor, its pybind11 bindings (bessemer._C) and the
                   tensor-parallel communicator; csrc/kernels/ the kernels
 """
@@ -12,6 +15,8 @@ import os
 
 from bessemer.errors import EngineLoadError, InvalidOptionError
 from bessemer.targets import LoweredRank, OpenedExecutor, RunOptions, Target
+from bessemer.targets.cpu import kernel_table
+from bessemer.targets.cpu.executor import CpuExecutor
 
 ISA_BASELINE = "avx2"
 # more threads than this per core only adds contention (and 10000 threads exhaust the process)
@@ -38,8 +43,10 @@ def _default_threads() -> int:
 
 class CpuTarget(Target):
     name = "cpu"
+    KERNELS, QUANT_KERNELS = kernel_table.KERNELS, kernel_table.QUANT_KERNELS
 
     def check_build(self, build) -> None:
+        super().check_build(build)
         if build.gpu_arch is not None:
             raise InvalidOptionError("--gpu-arch applies to --target cuda only; drop it or add --target cuda")
         if build.dtype == "float16" or build.kv_cache_dtype == "float16":
@@ -64,9 +71,9 @@ class CpuTarget(Target):
                                   "run it on an x86-64 CPU with AVX2 and FMA")
 
     def open_executor(self, engine, options: RunOptions) -> OpenedExecutor:
-        """One process (or one per rank of a --tp engine, runtime/tp.py), the KV pool sized
-        by Engine.kv_pool_blocks."""
-        from bessemer.runtime.kv_cache import blocks_needed
+        """One process (or one per rank of a --tp engine: parallel/group_executor.py), the KV
+        pool sized by Engine.kv_pool_blocks."""
+        from bessemer.format.kv import blocks_needed
 
         if (options.device is not None or options.gpu_memory_utilization is not None or options.enforce_eager
                 or options.interpret):
@@ -82,20 +89,20 @@ class CpuTarget(Target):
         threads = options.num_threads or max(1, cores // tp_size)
         blocks = engine.kv_pool_blocks(options.kv_cache_gib)
         if tp_size > 1:
-            from bessemer.runtime import tp
+            from bessemer.targets.cpu.parallel import group_executor
 
-            executor = tp.start(engine, threads, blocks, options.isa, options.tp_timeout_s, options.verify_checksum,
-                                max_blocks=blocks_needed(max_seq_len, block_size))
+            executor = group_executor.start(engine, threads, blocks, options.isa, options.tp_timeout_s,
+                                            options.verify_checksum, max_blocks=blocks_needed(max_seq_len, block_size))
         else:
             executor = self.create_executor(engine, threads, blocks, options.isa)
-        return OpenedExecutor(executor, blocks, threads)
+        return OpenedExecutor(executor)
 
-    def create_executor(self, engine, num_threads: int, num_kv_blocks: int, isa: str = "auto"):
-        """The C++ executor of one rank file."""
+    def create_executor(self, engine, num_threads: int, num_kv_blocks: int, isa: str = "auto") -> CpuExecutor:
+        """The executor of one rank file (of a tensor-parallel group, or a draft engine's)."""
         _C = native()
         try:
             file = _C.EngineFile(str(engine.rank_path))
-            return _C.Executor(file, num_threads, int(engine.build["kv_block_size"]), num_kv_blocks, isa)
+            return CpuExecutor(_C.Executor(file, num_threads, int(engine.build["kv_block_size"]), num_kv_blocks, isa))
         except ValueError as e:
             raise EngineLoadError(str(e)) from None
 

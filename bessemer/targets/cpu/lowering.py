@@ -5,55 +5,32 @@ C++ kernel (op@version) that runs every node.
   ones in their stored format's parts (int8 panel16, int4 panel16_int4_k8, int8 vnni16, ...).
 - An embedding table shared with lm_head (tied) is stored once, panel16 (int8 panel16 when
   lm_head is quantized); the embedding kernel gathers its rows with stride 16.
+- Experts (moe): fp32 row-major; quantized ones (ExpertStack) in their inner format's parts
+  and layouts, one expert's panels after another; MXFP4 as shipped (row-major codes/scales).
 - Norms, biases, constants: fp32 row-major.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
 from bessemer.builder.lower import TensorSpec, plan_calls, plan_memory
+from bessemer.errors import InvalidOptionError
 from bessemer.format.plan import ExecutionPlan
 from bessemer.plugins.ops import OPS
-from bessemer.quantization.formats import Fp8E4M3, Int4Group, Int8PerChannel, W8A8
-
-@dataclass(frozen=True)
-class QuantKernel:
-    """The cpu kernel that reads weights of one stored format, and its parts' layouts."""
-
-    op: str
-    version: int
-    layouts: dict  # part role -> layout; parts not named are row_major
-    attrs: dict = field(default_factory=dict)
-
-
-def _int4(fmt: Int4Group, shape) -> QuantKernel:
-    # codes as linear_w4a16 reads them fastest: panel16_int4_k8 (two instructions per 32
-    # weights) when K % 8 == 0, else panel16_int4; @3 reads symmetric codes (no offsets)
-    codes = "panel16_int4_k8" if shape[1] % 8 == 0 else "panel16_int4"
-    return QuantKernel("linear_w4a16", 2 if fmt.zero_point else 3,
-                       {"codes": codes, "scales": "panel16", "offsets": "panel16"}, {"group_size": fmt.group_size})
-
-
-# (graph op, stored format) -> the kernel reading it. A tied embedding table quantized with
-# lm_head is gathered by embedding_w8a16 from the same int8 panel16 tensors.
-QUANT_KERNELS = {
-    ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("linear_w8a16", 1, {"codes": "panel16"}),
-    ("linear", Int4Group): _int4,
-    ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
-                                                     {"has_smooth": 1} if fmt.smooth else {}),
-    # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one
-    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"}),
-    ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("embedding_w8a16", 1, {"codes": "panel16"}),
-}
+from bessemer.quantization.formats import Mxfp4Experts
+from bessemer.targets.cpu import TARGET
+from bessemer.targets.cpu.kernel_table import QuantKernel
 
 
 def quant_kernel(node: Node, ref: WeightRef) -> QuantKernel:
-    choose = QUANT_KERNELS.get((node.op, type(ref.quant)))
-    if choose is None:
-        raise GraphError(f"{node.name}: the cpu target has no {node.op} kernel for {ref.quant.describe()} weights")
+    """The kernel that reads `ref`'s stored format for `node` (kernel_table.QUANT_KERNELS)."""
+    try:
+        choose = TARGET.quant_kernel(node.op, type(ref.quant))
+    except InvalidOptionError as e:
+        raise GraphError(f"{node.name}: {e}") from None
     return choose(ref.quant, ref.shape)
 
 
@@ -89,17 +66,35 @@ def select_storage(graph: Graph, build: BuildConfig) -> list[TensorSpec]:
 
 
 def choose_kernel(n: Node) -> tuple[str, int, list[str], dict]:
-    """(op, version, weight tensor names, attrs) of the kernel that runs node n."""
-    weights, attrs = [w.name for w in n.weights if w is not None], dict(n.attrs)
+    """(op, version, weight tensor names, attrs) of the kernel that runs node n: the first
+    weight's stored format picks it; every quantized weight passes its parts in order (a
+    linear's weight; a moe node's gate_up and down)."""
+    attrs = dict(n.attrs)
     ref = n.weights[0] if n.weights else None
+    names = [part for w in n.weights if w is not None
+             for part in ([w.name + p.suffix for p in w.quant.parts(w.shape)] if w.quant is not None else [w.name])]
     if ref is None or ref.quant is None:
-        return n.op, OPS[n.op].version, weights, attrs
+        return n.op, OPS[n.op].version, names, attrs
     k = quant_kernel(n, ref)
-    names = [ref.name + p.suffix for p in ref.quant.parts(ref.shape)]
-    return k.op, k.version, names + weights[1:], dict(attrs, **k.attrs)
+    return k.op, k.version, names, dict(attrs, **k.attrs)
+
+
+def keep_shipped_experts(graph: Graph) -> Graph:
+    """Experts the checkpoint ships in MXFP4 (moe attr mxfp4_experts, models/gpt_oss.py) and
+    no --quant requantized stay MXFP4 for moe_mxfp4, on one rank (a tensor-parallel rank's
+    experts are read dequantized)."""
+    def keep(n: Node) -> Node:
+        gate_up, down = n.weights[:2]
+        if gate_up.quant is not None or gate_up.slices or down.slices:
+            return n
+        return replace(n, weights=tuple(replace(w, quant=Mxfp4Experts()) for w in (gate_up, down)) + n.weights[2:])
+
+    return replace(graph, nodes=tuple(keep(n) if n.op == "moe" and n.attrs.get("mxfp4_experts") else n
+                                      for n in graph.nodes))
 
 
 def lower(graph: Graph, build: BuildConfig, kv_cache: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:
+    graph = keep_shipped_experts(graph)
     specs = select_storage(graph, build)
     view, buffers = plan_memory(graph)
     steps = plan_calls(graph, view, choose_kernel)

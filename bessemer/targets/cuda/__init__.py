@@ -2,6 +2,7 @@
 cubins stored in the engine, with a launch list a C++ executor runs without Python.
 
     kernels/      Triton kernels, one file per op family
+    kernel_table.py  the ops it runs and the kernel reading each stored quantized format
     lower.py      graph -> cuda plan (buffers, step inputs, launch list, kernel specs)
     plan.py       the cuda plan and kernel-section format (the contract with the launcher)
     compile.py    ahead-of-time compilation of kernel specs to cubins, in parallel, cached

@@ -1,5 +1,5 @@
 """A cuda engine's executor for the runtime: the C++ executor (bessemer._cuda.Executor) on one
-GPU, behind the same step() the cpu executor has, plus sampling on the device.
+GPU, behind the Executor protocol (runtime/executor.py), with a device sampler.
 
 Loading: the GPU is checked for the engine's arch, the weights go up through bounded
 pinned staging (progress through `say`), then the paged KV cache gets
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bessemer.errors import DeviceError, InvalidOptionError
+from bessemer.errors import DeviceError, InvalidOptionError, RequestError
+from bessemer.format.step import StepBatch
+from bessemer.runtime.executor import ExecutorInfo, SamplingRows
 from bessemer.targets.cuda.device import native, open_device, translate
-from bessemer.targets.cuda.step_inputs import step_arrays
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 UPLOAD_CHUNK_BYTES = 64 << 20  # each of the two pinned staging buffers
@@ -69,8 +70,6 @@ def kv_cache_blocks(bytes_per_block: int, free: int, total: int, kv_cache_gib: f
 class CudaExecutor:
     """Runs one cuda engine on one GPU."""
 
-    samples_on_device = True
-
     def __init__(self, engine, device: int = 0, kv_cache_gib: float | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False, say=None,
                  upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES):
@@ -85,8 +84,8 @@ class CudaExecutor:
                 say(f"uploading weights to GPU {device}: {done / 2**20:.1f}/{total / 2**20:.1f} MiB")
 
         try:
-            self._ex = native().Executor(self.device, str(rank_file), int(engine.data_offset), header,
-                                         upload_chunk_bytes, progress)
+            # the rank file is read and checked by the engine contract's reader (format/csrc)
+            self._ex = native().Executor(self.device, str(rank_file), upload_chunk_bytes, progress)
             free = self.device.info()["free_bytes"]
             per_seq = -(-int(build["max_seq_len"]) // int(build["kv_block_size"]))
             self.num_kv_blocks = kv_cache_blocks(self._ex.kv_bytes_per_block, free, info["total_bytes"], kv_cache_gib,
@@ -101,9 +100,10 @@ class CudaExecutor:
             raise translate(e) from None
         self.kv_block_size = int(build["kv_block_size"])
         self.vocab_size = int(self._ex.vocab_size)
-        self.isa = f"cuda {header.get('gpu_arch')} on GPU {device} ({self.device_name})"
-        self.num_threads = 1
-        self.kernels = sorted({k["function"] for k in header["kernels"]})
+        self.info = ExecutorInfo(isa=f"cuda {header.get('gpu_arch')} on GPU {device} ({self.device_name})",
+                                 num_threads=1, num_kv_blocks=self.num_kv_blocks,
+                                 kernels=tuple(sorted({k["function"] for k in header["kernels"]})))
+        self.sampler = CudaSampler(self._ex)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -137,29 +137,41 @@ class CudaExecutor:
     def read_device(self, ptr: int, nbytes: int) -> bytes:
         return self._ex.read_device(ptr, nbytes)
 
-    def _run(self, *args, **kwargs):
-        try:
-            return self._ex.step(*args, **kwargs)
-        except ValueError as e:
-            from bessemer.errors import RequestError
-
-            raise RequestError(str(e)) from None
-        except Exception as e:  # noqa: BLE001
-            raise translate(e) from None
-
-    def step(self, *inputs) -> np.ndarray:
-        """Logits [L, vocab] float32 of the selected rows, as every executor's step: of a
-        StepBatch (format/step.py), or of its six arrays given one by one."""
-        _, logits = self._run(*step_arrays(inputs))
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Logits [L, vocab] float32 of the selected rows."""
+        _, logits = _run(self._ex, batch)
         return logits
 
-    def sample(self, token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices,
-               temperature, top_k, top_p, uniform, want_logits: bool = False):
-        """Sampled token ids [L] (argmax where temperature is 0, else a draw with `uniform`
-        from what top_k/top_p keep), and the logits [L, vocab] when asked."""
-        uniform = np.minimum(np.asarray(uniform, dtype=np.float32), UNIFORM_MAX)
-        return self._run(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices,
-                         temperature=np.asarray(temperature, np.float32), top_k=np.asarray(top_k, np.int32),
-                         top_p=np.asarray(top_p, np.float32), uniform=uniform, want_tokens=True,
-                         want_logits=want_logits)
+    def failure(self) -> str | None:
+        return None  # a failed launch raises DeviceError from the step that hit it
 
+    def close(self) -> None:
+        """Nothing to stop: device memory and graphs are freed with the native executor."""
+
+
+class CudaSampler:
+    """Sampling on the GPU (the plan's sample launch after the step): the logits stay there.
+    It holds the native executor, not the CudaExecutor (no reference cycle: the device
+    memory is freed as soon as the executor goes)."""
+
+    def __init__(self, native_executor):
+        self._ex = native_executor
+
+    def sample(self, batch: StepBatch, rows: SamplingRows,
+               want_logits: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Token ids [L] (argmax where temperature is 0, else a draw with `uniform` from what
+        top_k/top_p keep), and the logits [L, vocab] when asked."""
+        return _run(self._ex, batch, temperature=np.asarray(rows.temperature, np.float32),
+                    top_k=np.asarray(rows.top_k, np.int32), top_p=np.asarray(rows.top_p, np.float32),
+                    uniform=np.minimum(np.asarray(rows.uniform, dtype=np.float32), UNIFORM_MAX),
+                    want_tokens=True, want_logits=want_logits)
+
+
+def _run(native_executor, batch: StepBatch, **sampling) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The native step (token ids, logits), its errors as one-line user errors."""
+    try:
+        return native_executor.step(*batch.arrays(), **sampling)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - the driver's and launcher's errors
+        raise translate(e) from None

@@ -10,12 +10,12 @@ entry (its module and function, with its constexprs) over that grid. Only the ke
 body runs differently: the interpreter runs the Triton source instead of the cubin.
 
     executor = InterpretedExecutor(engine_dir, num_kv_blocks)     # TRITON_INTERPRET=1
-    logits = executor.step(token_ids, positions, cu_seqlens, context_lens, block_tables,
-                           logits_indices)                         # [L, V] float32
+    logits = executor.step(StepBatch.of(token_ids, positions, cu_seqlens, context_lens,
+                                        block_tables, logits_indices))  # [L, V] float32
     tokens = executor.sample(temperature, top_k, top_p, uniform)   # [L] int32, same step
 
-It has the C++ executor's step() signature (a StepBatch or its six arrays), so an LLM can
-serve a cuda engine with it on CPU (slowly: every kernel program is NumPy); the GPU check's
+It implements the runtime's Executor protocol as the C++ executor does (step(StepBatch)), so
+an LLM can serve a cuda engine with it on CPU (slowly: every kernel program is NumPy); the GPU check's
 rehearsal does that (tests/gpu/rehearsal.py).
 """
 
@@ -28,7 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from bessemer.format.container import read_rank_header, sha256_file
+from bessemer.format.engine_config import read_engine_config
 from bessemer.errors import BessemerError, EngineLoadError
+from bessemer.format.step import StepBatch
+from bessemer.runtime.executor import ExecutorInfo
 from bessemer.targets.cuda import interpreter, step_inputs
 from bessemer.targets.cuda.compile import check_gpu_arch
 from bessemer.targets.cuda.plan import SCHEMA, VERSION
@@ -81,10 +84,10 @@ class InterpretedExecutor:
         import torch
 
         interpreter.enable()
-        from bessemer.runtime.engine import Engine
+        from bessemer.targets import target_names
 
         d = Path(engine_dir)
-        config = Engine.read_config(d)
+        config = read_engine_config(d, target_names())
         if config.get("target") != "cuda":
             raise EngineLoadError(f"engine target {config.get('target')!r} is not a cuda engine; this executor runs "
                                   "engines built with --target cuda")
@@ -98,7 +101,7 @@ class InterpretedExecutor:
         if (plan.get("schema"), plan.get("version")) != (SCHEMA, VERSION):
             raise EngineLoadError(f"cuda plan {plan.get('schema')} v{plan.get('version')} is not {SCHEMA} v{VERSION}; "
                                   "rebuild the engine")
-        self.plan, self.kernels = plan, header["kernels"]
+        self.plan, self.kernels, self.gpu_arch = plan, header["kernels"], config["gpu_arch"]
         self.functions = [self._function(k) for k in self.kernels]
         # weights: the rank file's data region, tensors at their offsets
         data = bytearray(path.read_bytes()[data_offset:])
@@ -132,16 +135,31 @@ class InterpretedExecutor:
                                   f"match this version's kernel {names}; rebuild the engine")
         return fn
 
+    # ---- the Executor protocol (runtime/executor.py) ----
+    sampler = None  # the runtime samples on the host; sample() below is the plan's launch, for tests
+
+    @property
+    def info(self) -> ExecutorInfo:
+        return ExecutorInfo(isa=f"cuda {self.gpu_arch} through the Triton interpreter (CPU)", num_threads=1,
+                            num_kv_blocks=self.num_kv_blocks,
+                            kernels=tuple(sorted({k["function"] for k in self.kernels})))
+
+    def failure(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        """Nothing to stop: every region is host memory."""
+
     # ---- one step ----
-    def step(self, *inputs) -> np.ndarray:
-        """As CudaExecutor.step: a StepBatch, or its six arrays."""
-        token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices = step_inputs.step_arrays(inputs)
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """As CudaExecutor.step: logits [L, V] float32 of the selected rows."""
+        token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices = batch.arrays()
         limits = self.plan["limits"]
         if len(token_ids) > limits["max_num_tokens"] or len(context_lens) > limits["max_batch_size"]:
             raise BessemerError(f"step of {len(token_ids)} rows / {len(context_lens)} sequences exceeds the engine's "
                                 f"max_num_tokens {limits['max_num_tokens']} / max_batch_size {limits['max_batch_size']}")
         arrays, counts = step_inputs.derive(
-            token_ids, positions, cu_seqlens, context_lens, np.asarray(block_tables).reshape(len(context_lens), -1),
+            token_ids, positions, cu_seqlens, context_lens, block_tables,
             logits_indices, block_size=limits["kv_block_size"], tile_tokens=self.plan["attention"]["tile_tokens"],
             max_blocks_per_seq=limits["max_blocks_per_seq"], num_blocks=self.num_kv_blocks)
         for name, values in arrays.items():
@@ -151,7 +169,7 @@ class InterpretedExecutor:
             self._launch(launch, counts)
         logits = self.plan["logits"]
         out = self.buffers.pointer(f"b{logits['buffer']}", 0, "float32")
-        return out[:counts["selected"] * logits["width"]].reshape(counts["selected"], -1).numpy().copy()
+        return out[:counts["selected"] * logits["width"]].reshape(counts["selected"], logits["width"]).numpy().copy()
 
     def sample(self, temperature, top_k, top_p, uniform) -> np.ndarray:
         """Token per selected row of the last step, drawn on the device (plan "sample")."""

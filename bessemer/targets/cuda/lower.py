@@ -19,9 +19,10 @@ from bessemer.builder.graph import Graph, GraphError
 from bessemer.builder.lower import TensorSpec, plan_memory
 from bessemer.format.plan import ROWS_SELECTED
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import Fp8E4M3, Int4Group, Int8PerChannel
 from bessemer.targets.cuda.compile import KernelSpec
+from bessemer.targets.cuda.kernel_table import QuantKernel
 from bessemer.targets.cuda.plan import CudaPlan, Launch, RowSwitch
+from bessemer.targets.cuda.target import TARGET
 
 K = "bessemer.targets.cuda.kernels."
 TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int8": "i8", "int4": "u8",
@@ -40,9 +41,6 @@ DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_s
 SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
 # one-byte KV caches (format/kv.py dtypes) -> the kernels' KV_CODES constexpr (0: activation dtype)
 KV_CODES = {"int8": 1, "float8_e4m3": 2}
-SUPPORTED_OPS = {"embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split",
-                 "rope", "attention", "attention_sinks", "rms_norm_heads", "gelu_tanh_mul", "scale", "moe",
-                 "sigmoid_gate_mul"}
 ATTENTION_OPS = ("attention", "attention_sinks")
 
 
@@ -114,6 +112,16 @@ class _Lowering:
                                       for p in parts]
         return {p.role: ({"weight": ref.name + p.suffix}, "*" + TRITON_TYPES[p.dtype]) for p in parts}
 
+    def quant_kernel(self, op: str, ref) -> tuple[QuantKernel, list]:
+        """The kernel reading a quantized weight (kernel_table.QUANT_KERNELS) and its weight
+        parameters: each part it reads, or a null pointer where the format stores none."""
+        kernel = TARGET.quant_kernel(op, type(ref.quant))(ref.quant, ref.shape)
+        q = self.quantized(ref)
+        params = [(name, q[role][1], q[role][0], True) if role in q else
+                  (name, "*" + TRITON_TYPES[null_dtype], {"null": True}, False)
+                  for name, role, null_dtype in kernel.parts]
+        return kernel, params
+
     # ---- one launch ----
     def launch(self, node, family: str, function: str, grid, params: list, constexprs: dict,
                num_warps: int = 4, num_stages: int = 2) -> Launch:
@@ -141,11 +149,10 @@ def _lower_embedding(lw: _Lowering, n) -> list:
     hidden = table.shape[1]
     block = min(1024, pow2(hidden))
     if table.quant is not None:  # the int8 table a quantized tied lm_head shares
-        q = lw.quantized(table)
-        return [lw.launch(n, "gemm_quant", "embedding_w8_kernel", _rows_grid("tokens", cdiv(hidden, block)), [
-            ("token_ids_ptr", "*i32", {"step": "token_ids"}, True), ("codes_ptr", q["codes"][1], q["codes"][0], True),
-            ("scales_ptr", q["scales"][1], q["scales"][0], True), lw.value_param("out_ptr", out)],
-            dict(HIDDEN=hidden, OUT_STRIDE=lw.stride(out), BLOCK=block))]
+        kernel, weights = lw.quant_kernel(n.op, table)
+        return [lw.launch(n, kernel.family, kernel.function, _rows_grid("tokens", cdiv(hidden, block)), [
+            ("token_ids_ptr", "*i32", {"step": "token_ids"}, True), *weights, lw.value_param("out_ptr", out)],
+            dict(HIDDEN=hidden, OUT_STRIDE=lw.stride(out), BLOCK=block, **kernel.constexprs))]
     return [lw.launch(n, "embedding", "embedding_kernel", _rows_grid("tokens", cdiv(hidden, block)), [
         ("token_ids_ptr", "*i32", {"step": "token_ids"}, True),
         ("table_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(table, lw.act), True),
@@ -230,29 +237,14 @@ def _lower_gather_rows(lw: _Lowering, n) -> list:
         lw.value_param("out_ptr", y)], dict(WIDTH=width, X_STRIDE=lw.stride(x), OUT_STRIDE=lw.stride(y), BLOCK=block))]
 
 
-def _linear_kernel(lw: _Lowering, w) -> tuple[str, str, list, dict, tuple[int, int]]:
+def _linear_kernel(lw: _Lowering, n, w) -> tuple[str, str, list, dict, tuple[int, int]]:
     """(family, function, weight params, constexprs, (largest BLOCK_N, largest BLOCK_K)) of
-    the GEMM that reads `w` as stored: dense, a weight-only format (kernels/gemm_quant.py) or
-    fp8 (kernels/gemm_fp8.py)."""
+    the GEMM that reads `w` as stored: dense, or its format's row of kernel_table.QUANT_KERNELS."""
     if w.quant is None:
         return "gemm", "gemm_kernel", [("w_ptr", "*" + TRITON_TYPES[lw.act], lw.weight(w, lw.act), True)], {}, \
             (128, 128)
-    q = lw.quantized(w)
-    if isinstance(w.quant, Fp8E4M3):
-        input_scale = q.get("input_scale", ({"null": True}, "*fp32"))
-        return "gemm_fp8", "gemm_fp8_kernel", [
-            ("codes_ptr", q["codes"][1], q["codes"][0], True), ("scales_ptr", q["scales"][1], q["scales"][0], True),
-            ("input_scale_ptr", input_scale[1], input_scale[0], "input_scale" in q)], \
-            dict(DYNAMIC=w.quant.dynamic), (128, 128)
-    if isinstance(w.quant, Int8PerChannel):
-        return "gemm_quant", "gemm_w8_kernel", [("codes_ptr", q["codes"][1], q["codes"][0], True),
-                                                ("scales_ptr", q["scales"][1], q["scales"][0], True)], {}, (128, 64)
-    offsets = q.get("offsets", ({"null": True}, q["scales"][1]))
-    params = [("codes_ptr", q["codes"][1], q["codes"][0], True), ("scales_ptr", q["scales"][1], q["scales"][0], True),
-              ("offsets_ptr", offsets[1], offsets[0], "offsets" in q)]
-    # a K block lies inside one group; offsets' row sums of x spill at 128 x 128 tiles (sm_90a)
-    return "gemm_quant", "gemm_w4_kernel", params, dict(GROUP=w.quant.group_size, SYMMETRIC=not w.quant.zero_point), \
-        (64 if w.quant.zero_point else 128, min(64, w.quant.group_size))
+    kernel, weights = lw.quant_kernel(n.op, w)
+    return kernel.family, kernel.function, weights, dict(kernel.constexprs), kernel.max_block
 
 
 def split_k(max_rows: int | None, tiles: int, k: int, block_k: int) -> int:
@@ -270,7 +262,7 @@ def _lower_linear(lw: _Lowering, n) -> list:
     bias = n.weights[1] if len(n.weights) > 1 else None
     big_n, big_k = w.shape
     count = lw.rows(x)
-    family, function, weights, extra, (max_bn, max_bk) = _linear_kernel(lw, w)
+    family, function, weights, extra, (max_bn, max_bk) = _linear_kernel(lw, n, w)
     params = [lw.value_param("x_ptr", x), *weights,
               ("bias_ptr", "*fp32", lw.weight(bias, "float32") if bias else {"null": True}, bias is not None),
               lw.value_param("y_ptr", y)]
@@ -442,24 +434,22 @@ LOWERINGS = {"embedding": _lower_embedding, "rms_norm": _lower_rms_norm, "add_rm
              "moe": _lower_moe, "sigmoid_gate_mul": _lower_sigmoid_gate_mul}
 
 
-def check_supported(graph: Graph, build: BuildConfig) -> None:
+def check_supported(graph: Graph) -> None:
+    """Every op and every quantized weight has a kernel here (kernel_table.py), named with
+    its node before anything is lowered."""
     for n in graph.nodes:
-        if n.op not in SUPPORTED_OPS:
+        if not TARGET.has_kernel(n.op):
             raise InvalidOptionError(f"{n.name}: op {n.op} has no cuda kernel yet; build this model with --target cpu")
         for w in n.weights:
-            if w is None or w.quant is None:
-                continue
-            if not isinstance(w.quant, (Int8PerChannel, Int4Group, Fp8E4M3)):
-                raise InvalidOptionError(f"{n.name}: the cuda target has no kernel for {w.quant.describe()} weights "
-                                         "yet (--quant w8a8-sq); use --quant w8a16, w4a16 or fp8, or --target cpu")
-            if isinstance(w.quant, Int4Group) and w.quant.group_size % 32:
-                raise InvalidOptionError(f"{n.name}: 4-bit groups of {w.quant.group_size} (its {w.shape[1]} input "
-                                         "features) are not a multiple of 32, which the cuda kernels need; use "
-                                         "--group-size 32, 64 or 128 with a model whose widths they divide")
+            if w is not None and w.quant is not None:
+                try:
+                    TARGET.quant_kernel(n.op, type(w.quant))(w.quant, w.shape)
+                except InvalidOptionError as e:
+                    raise InvalidOptionError(f"{n.name}: {e}") from None
 
 
 def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPlan, list[TensorSpec]]:
-    check_supported(graph, build)
+    check_supported(graph)
     if model_kv["dtype"] in KV_CODES and model_kv["head_dim"] % 4:
         raise InvalidOptionError(f"--kv-cache-dtype {build.kv_cache_dtype} on the cuda target needs a head_dim "
                                  f"that is a multiple of 4 (its fp32 scales follow the codes), not "

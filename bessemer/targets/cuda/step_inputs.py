@@ -17,8 +17,13 @@ array is int32 (the sampling inputs: float32 where noted). Names are the plan's
     decode_seqs [D]     the sequences with exactly one row, in order
     counts              tokens = T, selected = L, seqs = S, prefill_tiles = P, decode_seqs = D
 
-The launcher also checks what the kernels assume: each sequence's rows are its consecutive
-positions ending at context_lens[s] - 1, and every block id they touch is in the cache.
+Checks, each in one place: every index against its range (block ids in the cache and present
+for every position a row touches, cu_seqlens, context_lens, logits_indices, token ids when the
+vocabulary is given) is the engine contract's check_step_batch (format/csrc/step_batch.h), the
+one every executor runs, called here through bessemer._cuda; what only the cuda kernels assume
+is checked below and by the C++ launcher (targets/cuda/csrc/step_inputs.h): every sequence
+has a row, its rows are its consecutive positions ending at context_lens[s] - 1, and a block
+table is at most max_blocks_per_seq wide.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 
 from bessemer.errors import BessemerError
 from bessemer.format.step import StepBatch
+from bessemer.targets.cuda.device import native
 
 COUNTS = ("tokens", "selected", "seqs", "prefill_tiles", "decode_seqs")
 
@@ -51,25 +57,26 @@ def slot_mapping(positions: np.ndarray, cu_seqlens: np.ndarray, block_tables: np
 
 
 def derive(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices, *,
-           block_size: int, tile_tokens: int, max_blocks_per_seq: int, num_blocks: int) -> tuple[dict, dict]:
+           block_size: int, tile_tokens: int, max_blocks_per_seq: int, num_blocks: int,
+           vocab_size: int | None = None) -> tuple[dict, dict]:
     """Returns (arrays by name, counts by name) for one step; raises BessemerError on
-    inputs the kernels cannot serve."""
-    as32 = lambda a: np.ascontiguousarray(a, dtype=np.int32)  # noqa: E731
-    token_ids, positions, cu, ctx = as32(token_ids), as32(positions), as32(cu_seqlens), as32(context_lens)
-    tables, indices = as32(block_tables), as32(logits_indices)
-    num_seqs, width = tables.shape if tables.ndim == 2 else (0, 0)
-    if len(cu) != num_seqs + 1 or len(ctx) != num_seqs or cu[0] != 0 or cu[-1] != len(token_ids):
-        raise BessemerError("step inputs disagree: cu_seqlens, context_lens and block_tables must describe "
-                            "the same sequences and cover every row")
+    inputs the kernels cannot serve (token ids are checked when vocab_size is given)."""
+    batch = StepBatch.of(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices)
+    token_ids, positions, cu, ctx, tables, indices = batch.arrays()
+    num_seqs, width = tables.shape
+    try:  # every index (see the module docstring); attention reads every block from position 0
+        native().check_step_batch(batch, token_limit=np.iinfo(np.int32).max if vocab_size is None else vocab_size,
+                                  num_kv_blocks=num_blocks, block_size=block_size, reads_kv=True, kv_window=0)
+    except ValueError as e:
+        raise BessemerError(str(e)) from None
     if width > max_blocks_per_seq:
         raise BessemerError(f"a sequence uses {width} KV blocks, the engine allows {max_blocks_per_seq}")
     rows = np.diff(cu)
+    if (rows < 1).any():
+        raise BessemerError("every sequence needs at least one row (cu_seqlens must increase)")
     expected = np.concatenate([np.arange(c - n, c) for c, n in zip(ctx, rows)]) if num_seqs else positions
-    if len(positions) != len(token_ids) or not np.array_equal(positions, expected):
+    if not np.array_equal(positions, expected):
         raise BessemerError("each sequence's rows must be its consecutive positions ending at context_lens - 1")
-    needed = [tables[s, :-(-int(ctx[s]) // block_size)] for s in range(num_seqs)]
-    if any((b < 0).any() or (b >= num_blocks).any() for b in needed):
-        raise BessemerError(f"a block table names a block outside the KV cache (0..{num_blocks - 1})")
     padded = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
     padded[:, :width] = tables
     arrays = {"token_ids": token_ids, "positions": positions, "cu_seqlens": cu, "context_lens": ctx,
@@ -79,13 +86,3 @@ def derive(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_
     counts = {"tokens": len(token_ids), "selected": len(indices), "seqs": num_seqs,
               "prefill_tiles": len(arrays["prefill_tiles"]), "decode_seqs": len(arrays["decode_seqs"])}
     return arrays, counts
-
-
-def step_arrays(inputs: tuple) -> tuple:
-    """An executor step's arguments -> the six arrays: (StepBatch,) or the six arrays
-    themselves (the launch tests and the GPU script pass them one by one)."""
-    if len(inputs) == 1 and isinstance(inputs[0], StepBatch):
-        return inputs[0].arrays()
-    if len(inputs) != 6:
-        raise TypeError(f"step takes a StepBatch or its six arrays, got {len(inputs)} arguments")
-    return inputs

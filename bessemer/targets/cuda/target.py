@@ -6,24 +6,19 @@ from __future__ import annotations
 
 from bessemer.errors import InvalidOptionError
 from bessemer.targets import KernelSection, LoweredRank, OpenedExecutor, RunOptions, Target
+from bessemer.targets.cuda import kernel_table
 
 # activations, weights and KV cache in one 16-bit float type
 CUDA_DTYPES = ("bfloat16", "float16")
-# weight-only int8 / int4 codes run in kernels/gemm_quant.py, fp8 in kernels/gemm_fp8.py (w8a8-sq: not yet)
-CUDA_QUANT_MODES = ("w8a16", "w4a16", "w4a16-awq", "w4a16-gptq", "fp8")
 # --kv-cache-dtype values with one-byte codes and a scale per (token, KV head) (format/kv.py)
 CUDA_KV_CODES = ("int8", "fp8")
 
 
 class CudaTarget(Target):
     name = "cuda"
+    KERNELS, QUANT_KERNELS = kernel_table.KERNELS, kernel_table.QUANT_KERNELS
 
     # ---- builder ----
-    def has_kernel(self, op: str) -> bool:
-        from bessemer.targets.cuda.lower import SUPPORTED_OPS
-
-        return op in SUPPORTED_OPS
-
     def check_build(self, build) -> None:
         from bessemer.targets.cuda.compile import GPU_ARCHS
 
@@ -35,9 +30,7 @@ class CudaTarget(Target):
                                      f"{' or '.join(CUDA_KV_CODES)} codes; drop --kv-cache-dtype {build.kv_cache_dtype}")
         if build.resolved_gpu_arch not in GPU_ARCHS:
             raise InvalidOptionError(f"--gpu-arch {build.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
-        if build.quant is not None and build.quant.mode not in CUDA_QUANT_MODES:
-            raise InvalidOptionError(f"--target cuda has no kernels for --quant {build.quant.mode} yet; use one of "
-                                     f"{', '.join(CUDA_QUANT_MODES)} or --target cpu")
+        super().check_build(build)  # quantized formats without a kernel here (kernel_table.py)
         if build.tp_size != 1:
             raise InvalidOptionError("--target cuda builds one rank for now; drop --tp")
 
@@ -66,14 +59,14 @@ class CudaTarget(Target):
             from bessemer.targets.cuda.interpret import InterpretedExecutor
 
             blocks = engine.kv_pool_blocks(options.kv_cache_gib)
-            return OpenedExecutor(InterpretedExecutor(engine.dir, blocks, verify_checksum=False), blocks, 1)
+            return OpenedExecutor(InterpretedExecutor(engine.dir, blocks, verify_checksum=False))
         from bessemer.targets.cuda.executor import CudaExecutor
 
         if options.isa != "auto":
             raise InvalidOptionError(f"--isa {options.isa} applies to cpu engines; this engine's target is cuda")
         executor = CudaExecutor(engine, options.device or 0, options.kv_cache_gib, options.gpu_memory_utilization,
                                 options.enforce_eager, options.say)
-        return OpenedExecutor(executor, executor.num_kv_blocks, 1)
+        return OpenedExecutor(executor)
 
 
 TARGET = CudaTarget()

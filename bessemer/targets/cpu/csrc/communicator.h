@@ -15,7 +15,7 @@
 // the late rank and raises the shared abort flag so every rank stops at once.
 //
 // PyCollectives: forwards to a Python object's all_reduce(x) / all_gather(x, y, full) (the
-// MPI path, runtime/tp_group.py), taking the GIL for each call.
+// MPI path, targets/cpu/parallel/group.py), taking the GIL for each call.
 #pragma once
 
 #include <pybind11/numpy.h>

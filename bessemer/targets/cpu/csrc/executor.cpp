@@ -11,6 +11,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "step_batch_py.h"
+
 namespace bessemer {
 
 // ---------------------------------------------------------------- helpers
@@ -63,24 +65,6 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-// int32 array view of a step input (any integer dtype is converted; C order enforced).
-py::array_t<int32_t> as_i32(const py::object& obj, const char* name, int ndim) {
-    if (py::isinstance<py::array>(obj)) {
-        auto a = py::reinterpret_borrow<py::array>(obj);
-        const char kind = a.dtype().kind();
-        if (kind != 'i' && kind != 'u') fail(std::string(name) + ": expected an int32 array");
-    }
-    auto arr = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-    if (!arr) {
-        PyErr_Clear();
-        fail(std::string(name) + ": expected an int32 array");
-    }
-    if (arr.ndim() != ndim)
-        fail(std::string(name) + ": expected " + std::to_string(ndim) + "-D array, got " +
-             std::to_string(arr.ndim()) + "-D");
-    return arr;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- construction
@@ -89,9 +73,7 @@ Executor::Executor(std::shared_ptr<EngineFile> file, int num_threads, int kv_blo
                    const std::string& isa)
     : file_(std::move(file)) {
     if (!file_) fail("Executor: file is None");
-    if (file_->format_major() != kFormatMajor)
-        fail(file_->path() + ": unsupported format version " + std::to_string(file_->format_major()) + "." +
-             std::to_string(file_->format_minor()) + " (this runtime reads " + std::to_string(kFormatMajor) + ".x)");
+    check_format_version(*file_);
     if (num_threads <= 0) num_threads = omp_get_num_procs();  // 0: all processors
     num_threads_ = num_threads;
     if (kv_block_size <= 0) fail("kv_block_size must be > 0");
@@ -279,37 +261,9 @@ std::vector<std::string> Executor::kernels() const {
 // ---------------------------------------------------------------- step
 
 py::array_t<float> Executor::step(const py::object& batch) {
-    auto attr = [&](const char* name) {
-        if (!py::hasattr(batch, name)) fail(std::string("step: the batch has no ") + name + " (a StepBatch has six arrays)");
-        return py::object(batch.attr(name));
-    };
-    auto tok_a = as_i32(attr("token_ids"), "token_ids", 1);
-    auto pos_a = as_i32(attr("positions"), "positions", 1);
-    auto cu_a = as_i32(attr("cu_seqlens"), "cu_seqlens", 1);
-    auto ctx_a = as_i32(attr("context_lens"), "context_lens", 1);
-    auto bt_a = as_i32(attr("block_tables"), "block_tables", 2);
-    auto li_a = as_i32(attr("logits_indices"), "logits_indices", 1);
-
-    const int64_t T = tok_a.shape(0), L = li_a.shape(0);
-    if (pos_a.shape(0) != T) fail("positions has " + std::to_string(pos_a.shape(0)) + " entries, token_ids " + std::to_string(T));
-    if (cu_a.shape(0) < 1) fail("cu_seqlens must have S+1 >= 1 entries");
-    const int64_t S = cu_a.shape(0) - 1;
-    if (ctx_a.shape(0) != S) fail("context_lens has " + std::to_string(ctx_a.shape(0)) + " entries, expected S=" + std::to_string(S));
-    if (bt_a.shape(0) != S) fail("block_tables has " + std::to_string(bt_a.shape(0)) + " rows, expected S=" + std::to_string(S));
-    const int64_t B = bt_a.shape(1);
-    if (T > (1 << 24) || L > (1 << 24) || S > (1 << 24) || B > (1 << 24)) fail("step inputs too large");
-
-    StepBatch b;
-    b.T = int(T);
-    b.S = int(S);
-    b.L = int(L);
-    b.B = int(B);
-    b.token_ids = tok_a.data();
-    b.positions = pos_a.data();
-    b.cu_seqlens = cu_a.data();
-    b.context_lens = ctx_a.data();
-    b.block_tables = bt_a.data();
-    b.logits_indices = li_a.data();
+    const PyStepBatch in(batch);  // the arrays and their lengths (format/csrc/step_batch_py.h)
+    const StepBatch& b = in.batch();
+    const int64_t L = b.L;
     const int max_ctx = check_step_batch(b, limits_);
 
     if (needs_.tp_size > 0 && !comm_)

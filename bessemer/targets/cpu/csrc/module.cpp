@@ -3,12 +3,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cerrno>
-
 #include "communicator.h"
-#include "contract.h"
+#include "contract_py.h"
 #include "rank_file.h"
 #include "executor.h"
+#include "int4_scale_search_py.h"
 
 namespace py = pybind11;
 using bessemer::EngineFile;
@@ -16,15 +15,8 @@ using bessemer::Executor;
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "Bessemer C++ runtime: rank-file mmap, plan executor, CPU kernels";
-
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const bessemer::OsError& e) {
-            errno = e.err;
-            PyErr_SetFromErrnoWithFilename(PyExc_OSError, e.path.c_str());
-        }
-    });
+    // the engine contract's functions and errors, as every extension has them (format/csrc/contract_py.h)
+    bessemer::def_contract(m);
 
     py::class_<EngineFile, std::shared_ptr<EngineFile>>(m, "EngineFile")
         .def(py::init<const std::string&>(), py::arg("path"))
@@ -144,37 +136,5 @@ PYBIND11_MODULE(_C, m) {
     m.def("supported_kernels", [](const std::string& target) { return bessemer::supported_kernels(target); },
           py::arg("target") = "cpu");
 
-    // The compiled view of the engine contract (format/csrc/format.h, contract.h), so tests
-    // can check that it agrees with bessemer/format.
-    m.def("format_contract", []() {
-        py::dict d;
-        d["format"] = py::make_tuple(bessemer::kFormatMajor, bessemer::kFormatMinor);
-        d["magic"] = py::bytes(bessemer::kEngineMagic, sizeof(bessemer::kEngineMagic));
-        d["align"] = py::make_tuple(bessemer::kPreambleBytes, bessemer::kDataAlign, bessemer::kTensorAlign);
-        py::list dtypes, layouts, kv;
-        for (const auto& t : bessemer::kDTypes) dtypes.append(py::make_tuple(t.name, t.id, t.bits));
-        for (const auto& l : bessemer::kLayouts) {
-            py::list ok;
-            for (int i = 0; i < l.num_dtypes; ++i) ok.append(bessemer::dtype_name(l.dtypes[i]));
-            layouts.append(py::make_tuple(l.name, l.id, l.ndim, l.row_align, l.col_align, l.k_multiple, ok));
-        }
-        for (const auto& k : bessemer::kKvDTypes)
-            kv.append(py::make_tuple(bessemer::dtype_name(k.dtype), k.scale_bytes, k.scales));
-        d["dtypes"] = dtypes;
-        d["layouts"] = layouts;
-        d["kv_dtypes"] = kv;
-        d["rows"] = py::make_tuple(bessemer::kRowKindNames[0], bessemer::kRowKindNames[1]);
-        return d;
-    });
-    m.def("stored_nbytes", [](int dtype, int layout, std::vector<int64_t> shape) {
-        std::string why;
-        const int64_t n = bessemer::stored_nbytes(dtype, layout, shape, &why);
-        if (n < 0) throw std::invalid_argument(why);
-        return n;
-    }, py::arg("dtype"), py::arg("layout"), py::arg("shape"));
-    m.def("kv_bytes_per_token", [](int layers, int heads, int head_dim, const std::string& dtype) {
-        const int64_t n = bessemer::kv_bytes_per_token(layers, heads, head_dim, bessemer::dtype_id(dtype));
-        if (n < 0) throw std::invalid_argument("not a KV cache dtype: " + dtype);
-        return n;
-    }, py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("dtype"));
+    bessemer::def_int4_scale_search(m);  // build time: quantization/scale_search.py
 }

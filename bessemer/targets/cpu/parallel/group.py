@@ -1,7 +1,7 @@
 """The process group of a tensor-parallel engine: how rank 0 broadcasts each step's inputs
 and which Collectives the executors' all_reduce / all_gather kernels run over.
 
-- ShmGroup: ranks on one machine, started by rank 0 itself (runtime/tp.py); broadcast
+- ShmGroup: ranks on one machine, started by rank 0 itself (group_executor.py); broadcast
   and collectives go through one shared-memory segment in the C++ core.
 - MpiGroup: ranks started by `mpirun -n N` (possibly on several machines); rank discovery,
   broadcast and collectives go through MPI (mpi4py, imported only here).

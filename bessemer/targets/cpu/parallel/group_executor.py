@@ -1,11 +1,11 @@
 """Tensor-parallel launcher: runs a `--tp N` engine as N processes, one rank file each.
 
 Rank 0 is the process that made the LLM: it owns scheduling and sampling. Each step it
-broadcasts the step's inputs (runtime/tp_group.py) and runs its own rank; every rank's
+broadcasts the step's inputs (group.py) and runs its own rank; every rank's
 executor all-reduces activations and all-gathers logits inside the C++ core.
 
 - On one machine (the default), rank 0 creates a shared-memory communicator and starts
-  N-1 worker processes (`python -m bessemer.runtime.tp_worker`). Workers die with their
+  N-1 worker processes (`python -m bessemer.targets.cpu.parallel.worker`). Workers die with their
   parent (PR_SET_PDEATHSIG); a watchdog thread in rank 0 beats a heartbeat the workers
   watch and aborts the group as soon as a worker exits, so a blocked collective returns
   at once; a rank that hangs is given up after `timeout_s`. The shared-memory name is
@@ -27,9 +27,10 @@ import weakref
 
 import numpy as np
 
+import bessemer
 from bessemer.errors import TensorParallelError
 from bessemer.format.step import StepBatch, is_stop, stop_words
-from bessemer.runtime.tp_group import MpiGroup, launched_by_mpi
+from bessemer.targets.cpu.parallel.group import MpiGroup, launched_by_mpi
 
 STARTUP_TIMEOUT_S = 300.0
 WATCH_INTERVAL_S = 0.05
@@ -57,10 +58,13 @@ def run_worker(executor, recv) -> None:
 
 
 class TensorParallelExecutor:
-    """Rank 0's executor: the local one plus the broadcast; same step() as _C.Executor."""
+    """Rank 0's executor (runtime/executor.py's protocol): the local one plus the broadcast."""
+
+    sampler = None  # rank 0 samples on the host
 
     def __init__(self, executor, send, workers: "_Workers | None" = None):
-        self.local, self._send, self.workers = executor, send, workers
+        self.local, self._send, self.workers = executor, send, workers  # local: targets/cpu/executor.CpuExecutor
+        self.info = executor.info  # of rank 0; every rank runs the same threads and KV blocks
         self._error: str | None = None
 
     def step(self, batch: StepBatch) -> np.ndarray:
@@ -89,8 +93,10 @@ class TensorParallelExecutor:
             return f"{self.workers.comm.error}; restart the server"
         return None
 
-    def __getattr__(self, name):  # isa, num_threads, kernels, profile_stats, ...
-        return getattr(self.local, name)
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Rank 0's (every rank holds its share of the heads)."""
+        return self.local.kv_cache_bytes
 
 
 class _Workers:
@@ -153,13 +159,14 @@ def _shutdown(comm, procs, logs, done: threading.Event) -> None:
 
 def _spawn(engine, rank: int, world: int, shm: str, slot: int, timeout_s: float, threads: int,
            kv_blocks: int, isa: str, verify_checksum: bool, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bessemer.runtime.tp_worker", str(engine.dir), "--rank", str(rank),
+    cmd = [sys.executable, "-m", "bessemer.targets.cpu.parallel.worker", str(engine.dir), "--rank", str(rank),
            "--world", str(world), "--shm", shm, "--slot-bytes", str(slot), "--timeout", str(timeout_s),
            "--threads", str(threads), "--kv-blocks", str(kv_blocks), "--isa", isa, "--parent", str(os.getpid())]
     if not verify_checksum:
         cmd.append("--no-verify")
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the directory holding the `bessemer` package, so the worker imports this same copy
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bessemer.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
@@ -204,14 +211,12 @@ def start(engine, num_threads: int, num_kv_blocks: int, isa: str, timeout_s: flo
 
 def _start_mpi(engine, world: int, num_threads: int, num_kv_blocks: int, isa: str,
                verify_checksum: bool) -> TensorParallelExecutor:
-    from bessemer.runtime.engine import Engine
-
     group = MpiGroup()
     if group.world != world:
         raise TensorParallelError(f"the engine has {world} ranks but mpirun started {group.world} processes; "
                                   f"run mpirun -n {world}")
     if group.rank != 0:
-        engine = Engine.load(engine.dir, rank=group.rank, verify_checksum=verify_checksum)
+        engine = type(engine).load(engine.dir, rank=group.rank, verify_checksum=verify_checksum)  # this rank's file
     executor = engine.create_executor(num_threads, num_kv_blocks, isa)
     executor.attach_communicator(group.collectives())
     if group.rank != 0:

@@ -1,5 +1,7 @@
 """A non-zero rank of a tensor-parallel engine on one machine, started by rank 0
-(runtime/tp.py): `python -m bessemer.runtime.tp_worker ENGINE --rank R --world N --shm NAME ...`.
+(group_executor.py):
+
+    python -m bessemer.targets.cpu.parallel.worker ENGINE --rank R --world N --shm NAME ...
 
 It dies with its parent (PR_SET_PDEATHSIG), opens the shared-memory communicator first (so
 any later failure aborts the whole group with its reason), loads its rank file, and runs
@@ -25,7 +27,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bessemer.runtime.tp_worker")
+    ap = argparse.ArgumentParser(prog="bessemer.targets.cpu.parallel.worker")
     ap.add_argument("engine")
     for flag in ("--rank", "--world", "--slot-bytes", "--threads", "--kv-blocks", "--parent"):
         ap.add_argument(flag, type=int, required=True)
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bessemer import _C
     from bessemer.runtime.engine import Engine
-    from bessemer.runtime.tp import STARTUP_TIMEOUT_S, run_worker
+    from bessemer.targets.cpu.parallel.group_executor import STARTUP_TIMEOUT_S, run_worker
 
     comm = _C.ShmCommunicator(a.shm, a.rank, a.world, a.slot_bytes, a.timeout, False)
     try:

@@ -1,12 +1,6 @@
 #include "executor.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
@@ -40,38 +34,15 @@ Counts max_counts(const LaunchPlan& plan) {
 
 }  // namespace
 
-MappedFile::MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-        const int e = errno;
-        ::close(fd);
-        throw std::runtime_error(path + ": cannot stat: " + std::strerror(e));
-    }
-    size_ = uint64_t(st.st_size);
-    void* m = size_ ? ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-    const int e = errno;
-    ::close(fd);
-    if (m == MAP_FAILED) throw std::runtime_error(path + ": mmap failed: " + std::strerror(e));
-    data_ = static_cast<const uint8_t*>(m);
-}
-
-MappedFile::~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-}
-
-Executor::Executor(std::shared_ptr<Device> device, const std::string& rank_file, uint64_t data_offset, LaunchPlan plan,
+Executor::Executor(std::shared_ptr<Device> device, const EngineFile& file, LaunchPlan plan,
                    const LoadOptions& options)
     : device_(std::move(device)), plan_(std::move(plan)) {
     device_->make_current();
     stream_ = std::make_unique<Stream>(device_);
-    {
-        MappedFile file(rank_file);  // unmapped once weights and cubins are on the device
-        if (data_offset > file.size()) bad(rank_file + ": data offset past the end of the file");
-        upload_weights(file, data_offset, options);
-        load_kernels(file, data_offset);
-    }
+    // tensor offsets and sizes were checked against the file by the contract (plan.h)
+    const uint8_t* data = file.data() + file.data_offset();
+    upload_weights(data, options);
+    load_kernels(data);
     allocate_activations();
     staging_ = std::make_unique<PinnedBuffer>(device_, capacity_bytes(plan_));
     tokens_out_ = std::make_unique<PinnedBuffer>(device_, uint64_t(plan_.step_inputs[kSampledTokens].elems) * 4);
@@ -83,26 +54,23 @@ Executor::~Executor() {
     for (auto& kv : graphs_) device_->api().cuGraphExecDestroy(kv.second);
 }
 
-void Executor::upload_weights(const MappedFile& file, uint64_t data_offset, const LoadOptions& options) {
+void Executor::upload_weights(const uint8_t* data, const LoadOptions& options) {
     if (plan_.weights.empty()) return;
     uint64_t lo = UINT64_MAX, hi = 0;
     for (const auto& w : plan_.weights) {
-        if (data_offset + w.offset + w.nbytes > file.size()) bad("tensor " + w.name + " runs past the end of the rank file");
         lo = std::min(lo, w.offset);
         hi = std::max(hi, w.offset + w.nbytes);
     }
     weights_ = DeviceAllocation(device_, hi - lo, "the weights");
-    upload(device_, *stream_, weights_.ptr(), file.data() + data_offset + lo, hi - lo, options.upload_chunk_bytes,
-           options.drop_source_pages, options.progress);
+    upload(device_, *stream_, weights_.ptr(), data + lo, hi - lo, options.upload_chunk_bytes, options.drop_source_pages,
+           options.progress);
     for (const auto& w : plan_.weights) weight_ptrs_.push_back(weights_.ptr() + (w.offset - lo));
 }
 
-void Executor::load_kernels(const MappedFile& file, uint64_t data_offset) {
+void Executor::load_kernels(const uint8_t* data) {
     for (size_t i = 0; i < plan_.kernels.size(); ++i) {
         const WeightRef& cubin = plan_.kernel_cubins[i];
-        if (data_offset + cubin.offset + cubin.nbytes > file.size()) bad("cubin " + cubin.name + " runs past the end of the file");
-        kernels_.push_back(
-            std::make_unique<Kernel>(device_, file.data() + data_offset + cubin.offset, cubin.nbytes, plan_.kernels[i]));
+        kernels_.push_back(std::make_unique<Kernel>(device_, data + cubin.offset, cubin.nbytes, plan_.kernels[i]));
     }
 }
 
@@ -150,8 +118,8 @@ void Executor::allocate_activations() {
 }
 
 uint64_t Executor::kv_bytes_per_block() const {
-    return uint64_t(plan_.kv.num_layers) * 2 * uint64_t(plan_.kv_block_size) * uint64_t(plan_.kv.num_kv_heads) *
-           (uint64_t(plan_.kv.head_dim) * uint64_t(plan_.kv.elem_bytes) + uint64_t(plan_.kv.scale_bytes));
+    return uint64_t(plan_.kv_block_size) *
+           uint64_t(kv_bytes_per_token(plan_.kv.layers, plan_.kv.heads, plan_.kv.head_dim, plan_.kv.dtype));
 }
 
 void Executor::allocate_kv_cache(int64_t num_blocks) {
@@ -159,9 +127,9 @@ void Executor::allocate_kv_cache(int64_t num_blocks) {
     if (num_blocks < 1) bad("the KV cache needs at least one block");
     if (num_blocks_) bad("the KV cache is already allocated");
     // one more block than the block manager may hand out: decode graphs' padding rows write there
-    kv_layer_bytes_ = align_up(uint64_t(num_blocks + 1) * kv_bytes_per_block() / (2 * uint64_t(plan_.kv.num_layers)),
+    kv_layer_bytes_ = align_up(uint64_t(num_blocks + 1) * kv_bytes_per_block() / (2 * uint64_t(plan_.kv.layers)),
                                kRegionAlign);
-    kv_ = DeviceAllocation(device_, kv_layer_bytes_ * 2 * uint64_t(plan_.kv.num_layers),
+    kv_ = DeviceAllocation(device_, kv_layer_bytes_ * 2 * uint64_t(plan_.kv.layers),
                            "the KV cache (" + std::to_string(num_blocks) + " blocks)");
     device_->check(device_->api().cuMemsetD8Async(kv_.ptr(), 0, kv_.bytes(), stream_->get()), "cuMemsetD8Async");
     stream_->synchronize("KV cache");
@@ -297,7 +265,7 @@ void Executor::step(const StepRequest& request, const StepOutput& out) {
     const auto& api = device_->api();
     int64_t bucket = 0;
     if (use_graphs_ && is_decode(request)) {
-        auto it = graphs_.lower_bound(request.seqs);
+        auto it = graphs_.lower_bound(request.batch.S);
         if (it != graphs_.end()) bucket = it->first;
     }
     StepLayout layout;
@@ -317,7 +285,7 @@ void Executor::step(const StepRequest& request, const StepOutput& out) {
         ++stats_.eager_steps;
     }
     ++stats_.steps;
-    copy_out(counts, layout, request.selected, out);
+    copy_out(counts, layout, request.batch.L, out);
 }
 
 void Executor::copy_out(const Counts& counts, const StepLayout& layout, int64_t rows, const StepOutput& out) {
@@ -348,7 +316,7 @@ std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> Executor::mem
                      {workspace_ptrs_[i], uint64_t(plan_.workspace[i].elems * plan_.workspace[i].elem_bytes)}});
     m.push_back({"step", {step_base_, capacity_bytes(plan_)}});
     if (num_blocks_)
-        for (int l = 0; l < plan_.kv.num_layers; ++l) {
+        for (int l = 0; l < plan_.kv.layers; ++l) {
             m.push_back({"kv:k:" + std::to_string(l), {kv_.ptr() + uint64_t(2 * l) * kv_layer_bytes_, kv_layer_bytes_}});
             m.push_back({"kv:v:" + std::to_string(l), {kv_.ptr() + uint64_t(2 * l + 1) * kv_layer_bytes_, kv_layer_bytes_}});
         }

@@ -1,7 +1,8 @@
 // Executor: runs a cuda engine's launch list (targets/cuda/plan.py) on one GPU.
 //
-// Load (constructor): the rank file is mapped read-only; its weights are uploaded once into
-// one device allocation through bounded pinned staging; every kernel's cubin is loaded and
+// Load (constructor): from the rank file as the contract mapped and checked it
+// (format/csrc/rank_file.h, plan.h), the weights are uploaded once into one device
+// allocation through bounded pinned staging; every kernel's cubin is loaded and
 // its parameter table checked; activations (the plan's buffers, max_num_tokens rows each),
 // workspace, step-input region and Triton scratch are allocated in one block.
 // allocate_kv_cache(n): the paged KV cache, n blocks plus one padding block that decode
@@ -28,24 +29,11 @@
 #include "driver.h"
 #include "kernel.h"
 #include "launch_plan.h"
+#include "rank_file.h"
 #include "step_inputs.h"
 
 namespace bessemer {
 namespace cuda {
-
-class MappedFile {
-   public:
-    explicit MappedFile(const std::string& path);
-    ~MappedFile();
-    MappedFile(const MappedFile&) = delete;
-    MappedFile& operator=(const MappedFile&) = delete;
-    const uint8_t* data() const { return data_; }
-    uint64_t size() const { return size_; }
-
-   private:
-    const uint8_t* data_ = nullptr;
-    uint64_t size_ = 0;
-};
 
 struct LoadOptions {
     uint64_t upload_chunk_bytes = 64ull << 20;  // each of the two pinned staging buffers
@@ -64,8 +52,8 @@ struct ExecutorStats {
 
 class Executor {
    public:
-    Executor(std::shared_ptr<Device> device, const std::string& rank_file, uint64_t data_offset, LaunchPlan plan,
-             const LoadOptions& options);
+    // file: the rank file `plan` was read from (plan_parse.h); only the constructor reads it.
+    Executor(std::shared_ptr<Device> device, const EngineFile& file, LaunchPlan plan, const LoadOptions& options);
     ~Executor();
     Executor(const Executor&) = delete;
     Executor& operator=(const Executor&) = delete;
@@ -105,8 +93,8 @@ class Executor {
         std::vector<Patch> patches;
     };
 
-    void upload_weights(const MappedFile& file, uint64_t data_offset, const LoadOptions& options);
-    void load_kernels(const MappedFile& file, uint64_t data_offset);
+    void upload_weights(const uint8_t* data, const LoadOptions& options);
+    void load_kernels(const uint8_t* data);
     void allocate_activations();
     uint64_t pointer_of(const Arg& a) const;
     void pack_all();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernel.h"
+#include "plan.h"
 
 namespace bessemer {
 namespace cuda {
@@ -31,12 +32,13 @@ const char* step_array_name(int index);
 struct BufferSpec {
     int id = 0;
     int64_t width = 0;
+    int dtype = DT_BF16;  // format.h ids
     int elem_bytes = 2;
-    std::string dtype;
 };
 
 struct ArraySpec {  // a workspace or step-input array
-    std::string name, dtype;
+    std::string name;
+    int dtype = DT_I32;
     int64_t elems = 0;
     int elem_bytes = 4;
 };
@@ -73,33 +75,25 @@ struct LaunchItem {
     const LaunchCase& pick(const Counts& c) const;
 };
 
-struct KvCacheSpec {
-    int num_layers = 0, num_kv_heads = 0, head_dim = 0, elem_bytes = 2;
-    int scale_bytes = 0;  // per (token, KV head), after each block's codes
-    std::string dtype;
-};
-
 struct WeightRef {
     std::string name;
     uint64_t offset = 0, nbytes = 0;  // within the rank file's data section
 };
 
 struct LaunchPlan {
-    std::string act_dtype;
     int64_t max_num_tokens = 0, max_batch_size = 0, max_blocks_per_seq = 0, kv_block_size = 0;
     int64_t tile_tokens = 1, vocab_size = 0;
     int logits_buffer = 0;
     std::vector<BufferSpec> buffers;
     std::vector<ArraySpec> workspace;
     std::vector<ArraySpec> step_inputs;  // indexed by StepArray (every one present)
-    KvCacheSpec kv;
+    KvCacheDesc kv;  // the contract's KV cache section; one-byte codes carry their scales
+                     // after each block's codes (kv_bytes_per_token in contract.h)
     std::vector<KernelSpec> kernels;
     std::vector<WeightRef> kernel_cubins;    // each kernel's cubin tensor
     std::vector<WeightRef> weights;          // the tensors launches read (cubins excluded)
     std::vector<LaunchItem> forward, sample;
 };
-
-int dtype_bytes(const std::string& dtype);  // throws std::invalid_argument for others
 
 }  // namespace cuda
 }  // namespace bessemer

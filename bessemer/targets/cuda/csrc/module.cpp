@@ -8,8 +8,10 @@
 #include "driver.h"
 #include "executor.h"
 #include "kernel.h"
+#include "contract_py.h"
 #include "plan_parse.h"
 #include "spec_parse.h"
+#include "step_batch_py.h"
 
 namespace py = pybind11;
 using namespace bessemer::cuda;
@@ -31,10 +33,8 @@ py::dict info_dict(const DeviceInfo& i) {
     return d;
 }
 
-using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
-
-I32 i32(const py::object& o) { return o.cast<I32>(); }
+using I32 = bessemer::PyStepBatch::I32;
 
 void need_length(const py::array& a, int64_t n, const char* what) {
     if (a.size() != n)
@@ -42,39 +42,28 @@ void need_length(const py::array& a, int64_t n, const char* what) {
                                     std::to_string(n));
 }
 
-// Executor.step: the runtime's step inputs (as for the cpu executor) plus optional sampling
-// arrays; returns (tokens [L] int32 or None, logits [L, vocab] float32 or None).
+// Executor.step: the runtime's step inputs (the six arrays of a StepBatch, read and checked as
+// on every target: format/csrc/step_batch_py.h) plus optional sampling arrays; returns
+// (tokens [L] int32 or None, logits [L, vocab] float32 or None).
 py::tuple run_step(Executor& ex, const py::object& token_ids, const py::object& positions, const py::object& cu_seqlens,
                    const py::object& context_lens, const py::object& block_tables, const py::object& logits_indices,
                    const py::object& temperature, const py::object& top_k, const py::object& top_p,
                    const py::object& uniform, bool want_tokens, bool want_logits) {
-    I32 tok = i32(token_ids), pos = i32(positions), cu = i32(cu_seqlens), ctx = i32(context_lens), li = i32(logits_indices);
-    I32 bt = i32(block_tables);
+    const bessemer::PyStepBatch batch(token_ids, positions, cu_seqlens, context_lens, block_tables, logits_indices);
     StepRequest r;
-    r.tokens = tok.size();
-    r.seqs = ctx.size();
-    r.selected = li.size();
-    need_length(pos, r.tokens, "positions");
-    need_length(cu, r.seqs + 1, "cu_seqlens");
-    if (bt.ndim() != 2 || bt.shape(0) != r.seqs) throw std::invalid_argument("block_tables must be [sequences, blocks]");
-    r.table_width = bt.shape(1);
-    r.token_ids = tok.data();
-    r.positions = pos.data();
-    r.cu_seqlens = cu.data();
-    r.context_lens = ctx.data();
-    r.block_tables = bt.data();
-    r.logits_indices = li.data();
+    r.batch = batch.batch();
+    const int64_t L = r.batch.L;
     F32 temp, topp, uni;
     I32 topk;
     if (!temperature.is_none()) {
         temp = temperature.cast<F32>();
         topp = top_p.cast<F32>();
         uni = uniform.cast<F32>();
-        topk = i32(top_k);
-        need_length(temp, r.selected, "temperature");
-        need_length(topp, r.selected, "top_p");
-        need_length(uni, r.selected, "uniform");
-        need_length(topk, r.selected, "top_k");
+        topk = top_k.cast<I32>();
+        need_length(temp, L, "temperature");
+        need_length(topp, L, "top_p");
+        need_length(uni, L, "uniform");
+        need_length(topk, L, "top_k");
         r.temperature = temp.data();
         r.top_p = topp.data();
         r.uniform = uni.data();
@@ -83,12 +72,12 @@ py::tuple run_step(Executor& ex, const py::object& token_ids, const py::object& 
     py::object tokens = py::none(), logits = py::none();
     StepOutput out;
     if (want_tokens) {
-        py::array_t<int32_t> t(r.selected);
+        py::array_t<int32_t> t(L);
         out.tokens = t.mutable_data();
         tokens = t;
     }
     if (want_logits) {
-        py::array_t<float> l({py::ssize_t(r.selected), py::ssize_t(ex.plan().vocab_size)});
+        py::array_t<float> l({py::ssize_t(L), py::ssize_t(ex.plan().vocab_size)});
         out.logits = l.mutable_data();
         logits = l;
     }
@@ -97,6 +86,13 @@ py::tuple run_step(Executor& ex, const py::object& token_ids, const py::object& 
         ex.step(r, out);
     }
     return py::make_tuple(tokens, logits);
+}
+
+// Kernel metadata given from Python (the launcher tests): read as the rank header's are,
+// through its JSON text, so there is one metadata reader.
+KernelSpec kernel_spec_from_python(const py::dict& metadata) {
+    const std::string text = py::module_::import("json").attr("dumps")(metadata).cast<std::string>();
+    return kernel_spec_from(bessemer::json::parse(text.data(), text.size()));
 }
 
 }  // namespace
@@ -110,6 +106,20 @@ PYBIND11_MODULE(_cuda, m) {
     (void)unavailable;
 
     m.attr("DRIVER_ABI_VERSION") = bessemer::cu::kDriverAbiVersion;
+    // the engine contract's functions and errors, as every extension has them (format/csrc/contract_py.h)
+    bessemer::def_contract(m);
+    m.def("read_launch_plan", [](const std::string& rank_file) {
+        const LaunchPlan plan = read_launch_plan(bessemer::EngineFile(rank_file));
+        py::dict d;
+        d["kernels"] = plan.kernels.size();
+        d["weights"] = plan.weights.size();
+        d["forward"] = plan.forward.size();
+        d["sample"] = plan.sample.size();
+        d["vocab_size"] = plan.vocab_size;
+        d["kv_bytes_per_token"] =
+            bessemer::kv_bytes_per_token(plan.kv.layers, plan.kv.heads, plan.kv.head_dim, plan.kv.dtype);
+        return d;
+    }, py::arg("rank_file"), "reads and checks a cuda rank file as the Executor does, without a GPU: a summary");
     m.attr("LIBRARY_ENV") = kLibraryEnv;
 
     py::class_<Driver, std::shared_ptr<Driver>>(m, "Driver")
@@ -129,7 +139,7 @@ PYBIND11_MODULE(_cuda, m) {
         .def(py::init([](std::shared_ptr<Device> device, py::bytes cubin, const py::dict& metadata) {
                  const std::string data = cubin;
                  return std::make_shared<Kernel>(device, reinterpret_cast<const uint8_t*>(data.data()), data.size(),
-                                                 kernel_spec_from(metadata));
+                                                 kernel_spec_from_python(metadata));
              }),
              py::arg("device"), py::arg("cubin"), py::arg("metadata"))
         .def_property_readonly("entry", [](const Kernel& k) { return k.spec().entry; })
@@ -143,17 +153,19 @@ PYBIND11_MODULE(_cuda, m) {
         }, py::arg("grid"), py::arg("packed"));
 
     py::class_<Executor>(m, "Executor")
-        .def(py::init([](std::shared_ptr<Device> device, const std::string& rank_file, uint64_t data_offset,
-                         const py::dict& header, uint64_t upload_chunk_bytes, const py::object& progress) {
+        .def(py::init([](std::shared_ptr<Device> device, const std::string& rank_file, uint64_t upload_chunk_bytes,
+                         const py::object& progress) {
                  LoadOptions options;
                  options.upload_chunk_bytes = upload_chunk_bytes;
                  if (!progress.is_none())
                      options.progress = [progress](size_t done, size_t total) { progress(done, total); };
-                 LaunchPlan plan = parse_plan(header, header["data_size"].cast<uint64_t>());
-                 return std::make_unique<Executor>(device, rank_file, data_offset, std::move(plan), options);
+                 const bessemer::EngineFile file(rank_file);  // unmapped once weights and cubins are on the GPU
+                 return std::make_unique<Executor>(device, file, read_launch_plan(file), options);
              }),
-             py::arg("device"), py::arg("rank_file"), py::arg("data_offset"), py::arg("header"),
-             py::arg("upload_chunk_bytes") = 64ull << 20, py::arg("progress") = py::none())
+             py::arg("device"), py::arg("rank_file"), py::arg("upload_chunk_bytes") = 64ull << 20,
+             py::arg("progress") = py::none(),
+             "loads a cuda rank file: read and checked by the engine contract's reader (format/csrc), "
+             "weights uploaded, every cubin loaded")
         .def_property_readonly("kv_bytes_per_block", &Executor::kv_bytes_per_block)
         .def("allocate_kv_cache", &Executor::allocate_kv_cache, py::arg("num_blocks"))
         .def_property_readonly("num_kv_blocks", &Executor::num_kv_blocks)

@@ -1,6 +1,7 @@
-// Engine header JSON (as Python objects) -> LaunchPlan, every field checked.
+// Engine header -> LaunchPlan, every field checked.
 #include "plan_parse.h"
 
+#include <cstdint>
 #include <map>
 #include <stdexcept>
 
@@ -10,6 +11,13 @@ namespace bessemer {
 namespace cuda {
 
 namespace {
+
+using json::as_int;
+using json::as_list;
+using json::as_number;
+using json::as_string;
+using json::member;
+using json::Value;
 
 const char* kCountNames[kNumCounts] = {"tokens", "selected", "seqs", "prefill_tiles", "decode_seqs"};
 const char* kStepNames[kNumStepArrays] = {"token_ids",     "positions",    "slot_mapping", "cu_seqlens",
@@ -21,47 +29,67 @@ const char* kStepNames[kNumStepArrays] = {"token_ids",     "positions",    "slot
     throw std::invalid_argument("cuda plan: " + what + "; rebuild the engine with this version's build-engine");
 }
 
-py::dict as_dict(const py::handle& h, const std::string& where) {
-    if (!py::isinstance<py::dict>(h)) bad(where + " is not an object");
-    return py::reinterpret_borrow<py::dict>(h);
+bool has(const Value& d, const char* key) { return d.find(key) != nullptr; }
+int64_t int_of(const Value& d, const char* key, const std::string& where) {
+    return as_int(member(d, key, where), where + ": '" + key + "'");
+}
+const std::string& string_of(const Value& d, const char* key, const std::string& where) {
+    return as_string(member(d, key, where), where + ": '" + key + "'");
+}
+const std::vector<Value>& list_of(const Value& d, const char* key, const std::string& where) {
+    return as_list(member(d, key, where), where + ": '" + key + "'");
 }
 
-bool has(const py::dict& d, const char* key) { return d.contains(key); }
+// Bytes of one element of a contract dtype named in the plan (whole bytes only: buffers and
+// arrays are never packed below a byte).
+int element_bytes(int dtype, const std::string& name, const std::string& where) {
+    const DTypeInfo* d = dtype_info(dtype);
+    if (!d || d->bits % 8) bad(where + ": dtype " + name + " is not one this runtime handles");
+    return d->bits / 8;
+}
+int dtype_of(const Value& d, const std::string& where, int* elem_bytes) {
+    const std::string& name = string_of(d, "dtype", where);
+    const int id = dtype_id(name);
+    *elem_bytes = element_bytes(id, name, where);
+    return id;
+}
 
-GridDim parse_grid_dim(const py::handle& h, const std::string& where) {
+GridDim parse_grid_dim(const Value& v, const std::string& where) {
     GridDim g;
-    if (py::isinstance<py::int_>(h)) {
-        g.times = h.cast<int64_t>();
+    if (v.kind == json::Kind::Int) {
+        g.times = v.integer;
         if (g.times < 0) bad(where + ": negative grid dimension");
         return g;
     }
-    py::dict d = as_dict(h, where + " grid dimension");
-    g.count = count_index(field<std::string>(d, "count", where));
-    if (g.count < 0) bad(where + ": unknown count " + field<std::string>(d, "count", where));
-    g.per = field<int64_t>(d, "per", where);
-    g.times = field<int64_t>(d, "times", where);
+    const std::string w = where + " grid dimension";
+    g.count = count_index(string_of(v, "count", w));
+    if (g.count < 0) bad(where + ": unknown count " + string_of(v, "count", w));
+    g.per = int_of(v, "per", w);
+    g.times = int_of(v, "times", w);
     if (g.per < 1 || g.times < 0) bad(where + ": grid rule per/times out of range");
     return g;
 }
 
 struct Names {
     std::map<std::string, int> weights, workspace;
-    std::map<int, int> buffers;  // id -> index
+    std::map<int64_t, int> buffers;  // id -> index
 };
 
-Arg parse_arg(const py::handle& h, const ParamSpec& param, const LaunchPlan& plan, const Names& names,
+Arg parse_arg(const Value& d, const ParamSpec& param, const LaunchPlan& plan, const Names& names,
               const std::string& where) {
-    py::dict d = as_dict(h, where);
     const std::string w = where + " argument " + param.name;
+    if (d.kind != json::Kind::Object) bad(w + " is not an object");
     Arg a;
     if (has(d, "i32") || has(d, "count")) {
         if (param.type != "i32") bad(w + ": an i32 value for a " + param.type + " parameter");
         if (has(d, "i32")) {
+            const int64_t v = int_of(d, "i32", w);
+            if (v < INT32_MIN || v > INT32_MAX) bad(w + ": i32 value out of range");
             a.kind = Arg::Kind::I32;
-            a.i32 = field<int32_t>(d, "i32", w);
+            a.i32 = int32_t(v);
         } else {
             a.kind = Arg::Kind::Count;
-            a.index = count_index(field<std::string>(d, "count", w));
+            a.index = count_index(string_of(d, "count", w));
             if (a.index < 0) bad(w + ": unknown count");
         }
         return a;
@@ -69,7 +97,7 @@ Arg parse_arg(const py::handle& h, const ParamSpec& param, const LaunchPlan& pla
     if (has(d, "f32")) {
         if (param.type != "fp32") bad(w + ": an f32 value for a " + param.type + " parameter");
         a.kind = Arg::Kind::F32;
-        a.f32 = field<float>(d, "f32", w);
+        a.f32 = float(as_number(member(d, "f32", w), w + ": 'f32'"));
         return a;
     }
     if (!param.is_pointer()) bad(w + ": a pointer for a " + param.type + " parameter");
@@ -77,31 +105,34 @@ Arg parse_arg(const py::handle& h, const ParamSpec& param, const LaunchPlan& pla
     if (has(d, "null")) {
         a.region = Region::Null;
     } else if (has(d, "buffer")) {
-        auto it = names.buffers.find(field<int>(d, "buffer", w));
+        auto it = names.buffers.find(int_of(d, "buffer", w));
         if (it == names.buffers.end()) bad(w + ": unknown buffer");
         const BufferSpec& b = plan.buffers[size_t(it->second)];
-        const int64_t col = field<int64_t>(d, "col", w);
+        const int64_t col = int_of(d, "col", w);
         if (col < 0 || col >= b.width) bad(w + ": column " + std::to_string(col) + " outside the buffer");
         a.region = Region::Buffer;
         a.index = it->second;
         a.offset = uint64_t(col) * uint64_t(b.elem_bytes);
     } else if (has(d, "weight")) {
-        auto it = names.weights.find(field<std::string>(d, "weight", w));
-        if (it == names.weights.end()) bad(w + ": weight " + field<std::string>(d, "weight", w) + " is not stored");
+        const std::string& name = string_of(d, "weight", w);
+        auto it = names.weights.find(name);
+        if (it == names.weights.end()) bad(w + ": weight " + name + " is not stored");
         a.region = Region::Weight;
         a.index = it->second;
     } else if (has(d, "step")) {
+        const std::string& name = string_of(d, "step", w);
         a.region = Region::Step;
-        a.index = step_array_index(field<std::string>(d, "step", w));
-        if (a.index < 0) bad(w + ": step input " + field<std::string>(d, "step", w) + " is unknown to this runtime");
+        a.index = step_array_index(name);
+        if (a.index < 0) bad(w + ": step input " + name + " is unknown to this runtime");
     } else if (has(d, "kv")) {
-        const std::string kv = field<std::string>(d, "kv", w);
+        const std::string& kv = string_of(d, "kv", w);
         if (kv != "k" && kv != "v") bad(w + ": kv must be k or v");
         a.region = kv == "k" ? Region::KvK : Region::KvV;
-        a.index = field<int>(d, "layer", w);
-        if (a.index < 0 || a.index >= plan.kv.num_layers) bad(w + ": layer out of range");
+        const int64_t layer = int_of(d, "layer", w);
+        if (layer < 0 || layer >= plan.kv.layers) bad(w + ": layer out of range");
+        a.index = int(layer);
     } else if (has(d, "workspace")) {
-        auto it = names.workspace.find(field<std::string>(d, "workspace", w));
+        auto it = names.workspace.find(string_of(d, "workspace", w));
         if (it == names.workspace.end()) bad(w + ": unknown workspace array");
         a.region = Region::Workspace;
         a.index = it->second;
@@ -111,15 +142,16 @@ Arg parse_arg(const py::handle& h, const ParamSpec& param, const LaunchPlan& pla
     return a;
 }
 
-LaunchCase parse_case(const py::dict& d, const LaunchPlan& plan, const Names& names, const std::string& where) {
+LaunchCase parse_case(const Value& d, const LaunchPlan& plan, const Names& names, const std::string& where) {
     LaunchCase c;
-    c.kernel = field<int>(d, "kernel", where);
-    if (c.kernel < 0 || size_t(c.kernel) >= plan.kernels.size()) bad(where + ": kernel id out of range");
+    const int64_t kernel = int_of(d, "kernel", where);
+    if (kernel < 0 || size_t(kernel) >= plan.kernels.size()) bad(where + ": kernel id out of range");
+    c.kernel = int(kernel);
     const KernelSpec& k = plan.kernels[size_t(c.kernel)];
-    py::list grid = field<py::list>(d, "grid", where);
+    const std::vector<Value>& grid = list_of(d, "grid", where);
     if (grid.size() != 3) bad(where + ": grid must have 3 dimensions");
     for (size_t i = 0; i < 3; ++i) c.grid[i] = parse_grid_dim(grid[i], where);
-    py::list args = field<py::list>(d, "args", where);
+    const std::vector<Value>& args = list_of(d, "args", where);
     if (k.params.size() < 2 || args.size() != k.params.size() - 2)
         bad(where + ": " + std::to_string(args.size()) + " arguments for kernel " + k.entry + " with " +
             std::to_string(k.params.size()) + " parameters (2 of them scratch)");
@@ -127,22 +159,21 @@ LaunchCase parse_case(const py::dict& d, const LaunchPlan& plan, const Names& na
     return c;
 }
 
-std::vector<LaunchItem> parse_launches(const py::list& items, const LaunchPlan& plan, const Names& names,
+std::vector<LaunchItem> parse_launches(const std::vector<Value>& items, const LaunchPlan& plan, const Names& names,
                                        const char* section) {
     std::vector<LaunchItem> out;
     for (size_t i = 0; i < items.size(); ++i) {
-        py::dict d = as_dict(items[i], std::string(section) + " launch");
+        const Value& d = items[i];
         LaunchItem item;
-        item.node = field_or<std::string>(d, "node", "", section);
-        item.op = field_or<std::string>(d, "op", "", section);
+        item.node = json::string_or(d, "node", "", section);
+        item.op = json::string_or(d, "op", "", section);
         const std::string where = std::string(section) + "[" + std::to_string(i) + "] (" + item.node + ")";
         if (has(d, "cases")) {
-            item.by = count_index(field<std::string>(d, "by", where));
+            item.by = count_index(string_of(d, "by", where));
             if (item.by < 0) bad(where + ": unknown count to choose by");
-            for (const auto& c : field<py::list>(d, "cases", where)) {
-                py::dict cd = as_dict(c, where);
+            for (const Value& cd : list_of(d, "cases", where)) {
                 LaunchCase lc = parse_case(cd, plan, names, where);
-                lc.max_rows = cd["max_rows"].is_none() ? -1 : field<int64_t>(cd, "max_rows", where);
+                lc.max_rows = json::int_or(cd, "max_rows", -1, where);
                 item.cases.push_back(std::move(lc));
             }
             if (item.cases.empty() || item.cases.back().max_rows != -1) bad(where + ": the last case must take any row count");
@@ -154,12 +185,11 @@ std::vector<LaunchItem> parse_launches(const py::list& items, const LaunchPlan& 
     return out;
 }
 
-ArraySpec parse_array(const py::handle& h, const std::string& where) {
+ArraySpec parse_array(const Value& v, const std::string& where) {
     ArraySpec a;
-    a.name = field<std::string>(h, "name", where);
-    a.dtype = field<std::string>(h, "dtype", where + " " + a.name);
-    a.elems = field<int64_t>(h, "elems", where + " " + a.name);
-    a.elem_bytes = dtype_bytes(a.dtype);
+    a.name = string_of(v, "name", where);
+    a.dtype = dtype_of(v, where + " " + a.name, &a.elem_bytes);
+    a.elems = int_of(v, "elems", where + " " + a.name);
     if (a.elems < 0) bad(where + " " + a.name + ": negative size");
     return a;
 }
@@ -182,13 +212,6 @@ int step_array_index(const std::string& name) {
 
 const char* step_array_name(int index) { return kStepNames[index]; }
 
-int dtype_bytes(const std::string& dtype) {
-    if (dtype == "bfloat16" || dtype == "float16") return 2;
-    if (dtype == "float32" || dtype == "int32") return 4;
-    if (dtype == "uint8" || dtype == "int8" || dtype == "float8_e4m3") return 1;
-    throw std::invalid_argument("cuda plan: dtype " + dtype + " is not one this runtime handles");
-}
-
 const LaunchCase& LaunchItem::pick(const Counts& c) const {
     if (by < 0) return cases[0];
     for (const auto& lc : cases)
@@ -196,81 +219,76 @@ const LaunchCase& LaunchItem::pick(const Counts& c) const {
     return cases.back();
 }
 
-LaunchPlan parse_plan(const py::dict& header, uint64_t data_size) {
-    if (field<std::string>(header, "target", "rank header") != "cuda") bad("the rank file is not a cuda one");
-    py::dict p = as_dict(header["plan"], "plan");
-    if (field<std::string>(p, "schema", "plan") != "cuda-launch" || field<int>(p, "version", "plan") != 1)
-        bad("schema " + field<std::string>(p, "schema", "plan") + " v" + std::to_string(field<int>(p, "version", "plan")) +
+LaunchPlan read_launch_plan(const EngineFile& file) {
+    check_format_version(file);
+    const Value header = json::parse(file.header_ptr(), file.header_len());
+    if (header.kind != json::Kind::Object) bad(file.path() + ": the header is not a JSON object");
+    if (string_of(header, "target", "rank header") != "cuda") bad("the rank file is not a cuda one");
+    TensorTable table;  // offsets, sizes and dtype/layout/shape checked by the contract
+    parse_tensor_table(file, member(header, "tensors", "rank header"), &table);
+
+    const Value& p = member(header, "plan", "rank header");
+    if (string_of(p, "schema", "plan") != "cuda-launch" || int_of(p, "version", "plan") != 1)
+        bad("schema " + string_of(p, "schema", "plan") + " v" + std::to_string(int_of(p, "version", "plan")) +
             " is not cuda-launch v1");
     LaunchPlan plan;
-    plan.act_dtype = field<std::string>(p, "act_dtype", "plan");
-    py::dict limits = as_dict(p["limits"], "plan limits");
-    plan.max_num_tokens = field<int64_t>(limits, "max_num_tokens", "plan limits");
-    plan.max_batch_size = field<int64_t>(limits, "max_batch_size", "plan limits");
-    plan.max_blocks_per_seq = field<int64_t>(limits, "max_blocks_per_seq", "plan limits");
-    plan.kv_block_size = field<int64_t>(limits, "kv_block_size", "plan limits");
+    plan.kv = parse_kv_cache(member(p, "kv_cache", "plan"));  // the contract's dtype and scale rule
+    if (plan.kv.layers < 1) bad("plan kv_cache: the cuda plan needs at least one layer");
+    const Value& limits = member(p, "limits", "plan");
+    plan.max_num_tokens = int_of(limits, "max_num_tokens", "plan limits");
+    plan.max_batch_size = int_of(limits, "max_batch_size", "plan limits");
+    plan.max_blocks_per_seq = int_of(limits, "max_blocks_per_seq", "plan limits");
+    plan.kv_block_size = int_of(limits, "kv_block_size", "plan limits");
     if (plan.max_num_tokens < 1 || plan.max_batch_size < 1 || plan.max_blocks_per_seq < 1 || plan.kv_block_size < 1)
         bad("limits must be positive");
-    plan.tile_tokens = field<int64_t>(as_dict(p["attention"], "plan attention"), "tile_tokens", "plan attention");
+    plan.tile_tokens = int_of(member(p, "attention", "plan"), "tile_tokens", "plan attention");
     if (plan.tile_tokens < 1) bad("attention tile_tokens must be positive");
-    plan.vocab_size = field<int64_t>(p, "vocab_size", "plan");
-    plan.logits_buffer = field<int>(as_dict(p["logits"], "plan logits"), "buffer", "plan logits");
+    plan.vocab_size = int_of(p, "vocab_size", "plan");
+    const int64_t logits_id = int_of(member(p, "logits", "plan"), "buffer", "plan logits");
 
     Names names;
-    for (const auto& b : field<py::list>(p, "buffers", "plan")) {
+    for (const Value& b : list_of(p, "buffers", "plan")) {
         BufferSpec s;
-        s.id = field<int>(b, "id", "plan buffer");
-        s.width = field<int64_t>(b, "width", "plan buffer");
-        s.dtype = field<std::string>(b, "dtype", "plan buffer");
-        s.elem_bytes = dtype_bytes(s.dtype);
+        const int64_t id = int_of(b, "id", "plan buffer");
+        if (id < 0 || id > INT32_MAX || names.buffers.count(id))
+            bad("buffer id " + std::to_string(id) + " is out of range or repeated");
+        s.id = int(id);
+        s.width = int_of(b, "width", "plan buffer");
+        s.dtype = dtype_of(b, "plan buffer " + std::to_string(id), &s.elem_bytes);
         if (s.width < 1) bad("buffer " + std::to_string(s.id) + " has no width");
         names.buffers[s.id] = int(plan.buffers.size());
         plan.buffers.push_back(s);
     }
-    auto logits = names.buffers.find(plan.logits_buffer);
-    if (logits == names.buffers.end() || plan.buffers[size_t(logits->second)].dtype != "float32" ||
+    auto logits = names.buffers.find(logits_id);
+    if (logits == names.buffers.end() || plan.buffers[size_t(logits->second)].dtype != DT_F32 ||
         plan.buffers[size_t(logits->second)].width != plan.vocab_size)
         bad("the logits buffer must be a float32 buffer of vocab_size columns");
     plan.logits_buffer = logits->second;
-    for (const auto& w : field<py::list>(p, "workspace", "plan")) {
-        names.workspace[field<std::string>(w, "name", "plan workspace")] = int(plan.workspace.size());
+    for (const Value& w : list_of(p, "workspace", "plan")) {
         plan.workspace.push_back(parse_array(w, "plan workspace"));
+        names.workspace[plan.workspace.back().name] = int(plan.workspace.size()) - 1;
     }
     plan.step_inputs.resize(kNumStepArrays);
     std::vector<bool> seen(kNumStepArrays, false);
-    for (const auto& s : field<py::list>(p, "step_inputs", "plan")) {
+    for (const Value& s : list_of(p, "step_inputs", "plan")) {
         ArraySpec a = parse_array(s, "plan step input");
         const int i = step_array_index(a.name);
         if (i < 0) bad("step input " + a.name + " is unknown to this runtime");
         const bool is_float = i == kTemperature || i == kTopP || i == kUniform;
-        if (a.dtype != (is_float ? "float32" : "int32")) bad("step input " + a.name + " has dtype " + a.dtype);
+        if (a.dtype != (is_float ? DT_F32 : DT_I32)) bad("step input " + a.name + " has dtype " + dtype_name(a.dtype));
         plan.step_inputs[size_t(i)] = a;
         seen[size_t(i)] = true;
     }
     for (int i = 0; i < kNumStepArrays; ++i)
         if (!seen[size_t(i)]) bad(std::string("step input ") + kStepNames[i] + " is missing");
-    py::dict kv = as_dict(p["kv_cache"], "plan kv_cache");
-    plan.kv.num_layers = field<int>(kv, "num_layers", "plan kv_cache");
-    plan.kv.num_kv_heads = field<int>(kv, "num_kv_heads", "plan kv_cache");
-    plan.kv.head_dim = field<int>(kv, "head_dim", "plan kv_cache");
-    plan.kv.dtype = field<std::string>(kv, "dtype", "plan kv_cache");
-    plan.kv.elem_bytes = dtype_bytes(plan.kv.dtype);
-    // one-byte codes carry a float32 scale per (token, KV head) after each block's codes
-    const bool scaled = has(kv, "scales");
-    if (scaled && field<std::string>(kv, "scales", "plan kv_cache") != "dynamic_per_token_head_float32")
-        bad("plan kv_cache: scales " + field<std::string>(kv, "scales", "plan kv_cache") + " is unknown to this runtime");
-    if (scaled != (plan.kv.elem_bytes == 1)) bad("plan kv_cache: one-byte codes need scales, and only they have them");
-    plan.kv.scale_bytes = scaled ? 4 : 0;
 
     std::map<std::string, WeightRef> cubins;
-    for (const auto& t : field<py::list>(header, "tensors", "rank header")) {
+    const uint8_t* data = file.data() + file.data_offset();
+    for (const auto& t : table.tensors) {
         WeightRef w;
-        w.name = field<std::string>(t, "name", "tensor");
-        w.offset = field<uint64_t>(t, "offset", "tensor " + w.name);
-        w.nbytes = field<uint64_t>(t, "nbytes", "tensor " + w.name);
-        if (w.offset > data_size || w.nbytes > data_size - w.offset)
-            bad("tensor " + w.name + " runs past the end of the data section");
-        if (w.offset % 64) bad("tensor " + w.name + " is not 64-byte aligned");
+        w.name = t->name;
+        w.offset = uint64_t(static_cast<const uint8_t*>(t->data) - data);
+        w.nbytes = uint64_t(t->nbytes);
         if (w.name.rfind("cubin/", 0) == 0) {
             cubins[w.name] = w;
         } else {
@@ -278,15 +296,15 @@ LaunchPlan parse_plan(const py::dict& header, uint64_t data_size) {
             plan.weights.push_back(w);
         }
     }
-    for (const auto& k : field<py::list>(header, "kernels", "rank header")) {
+    for (const Value& k : list_of(header, "kernels", "rank header")) {
         plan.kernels.push_back(kernel_spec_from(k));
-        const std::string cubin = field<std::string>(k, "cubin", "kernel " + plan.kernels.back().entry);
+        const std::string& cubin = string_of(k, "cubin", "kernel " + plan.kernels.back().entry);
         auto it = cubins.find(cubin);
         if (it == cubins.end()) bad("kernel " + plan.kernels.back().entry + ": cubin tensor " + cubin + " is missing");
         plan.kernel_cubins.push_back(it->second);
     }
-    plan.forward = parse_launches(field<py::list>(p, "forward", "plan"), plan, names, "forward");
-    plan.sample = parse_launches(field<py::list>(p, "sample", "plan"), plan, names, "sample");
+    plan.forward = parse_launches(list_of(p, "forward", "plan"), plan, names, "forward");
+    plan.sample = parse_launches(list_of(p, "sample", "plan"), plan, names, "sample");
     return plan;
 }
 

@@ -50,15 +50,18 @@ uint64_t capacity_bytes(const LaunchPlan& plan) {
 }
 
 bool is_decode(const StepRequest& r) {
-    if (r.tokens != r.seqs || r.selected != r.seqs) return false;
-    for (int64_t i = 0; i < r.seqs; ++i)
-        if (r.cu_seqlens[i + 1] != i + 1 || r.logits_indices[i] != i) return false;
+    const StepBatch& b = r.batch;
+    if (b.T != b.S || b.L != b.S) return false;
+    for (int i = 0; i < b.S; ++i)
+        if (b.cu_seqlens[i + 1] != i + 1 || b.logits_indices[i] != i) return false;
     return true;
 }
 
 Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blocks, int64_t pad_to_seqs,
                    int32_t pad_block, uint8_t* staging, StepLayout* layout) {
-    const int64_t T = r.tokens, S = r.seqs, L = r.selected, BS = plan.kv_block_size;
+    const StepBatch& b = r.batch;
+    const int64_t T = b.T, S = b.S, L = b.L, W = b.B, BS = plan.kv_block_size;
+    // this target's step capacity, before anything is read
     if (T < 1 || S < 1) bad("a step needs at least one sequence and one token");
     if (T > plan.max_num_tokens)
         bad("the step has " + std::to_string(T) + " tokens; the engine allows " + std::to_string(plan.max_num_tokens) +
@@ -67,11 +70,31 @@ Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blo
         bad("the step has " + std::to_string(S) + " sequences; the engine allows " +
             std::to_string(plan.max_batch_size) + " (--max-batch-size)");
     if (L > plan.step_inputs[kLogitsIndices].elems) bad("more selected rows than the engine's logits capacity");
-    if (r.table_width < 0 || r.table_width > plan.max_blocks_per_seq)
-        bad("a sequence uses " + std::to_string(r.table_width) + " KV blocks; the engine allows " +
+    if (W > plan.max_blocks_per_seq)
+        bad("a sequence uses " + std::to_string(W) + " KV blocks; the engine allows " +
             std::to_string(plan.max_blocks_per_seq));
-    if (r.cu_seqlens[0] != 0 || r.cu_seqlens[S] != T)
-        bad("cu_seqlens must start at 0 and end at the number of tokens");
+    // every index, as on every target
+    StepLimits limits;
+    limits.token_limit = plan.vocab_size;
+    limits.num_kv_blocks = int(num_blocks);
+    limits.block_size = int(BS);
+    limits.reads_kv = true;  // attention reads every block from position 0 (no window)
+    check_step_batch(b, limits);
+    // what the kernels assume
+    for (int64_t s = 0; s < S; ++s) {
+        const int32_t lo = b.cu_seqlens[s], hi = b.cu_seqlens[s + 1], context = b.context_lens[s];
+        if (hi == lo) bad("every sequence needs at least one row (cu_seqlens must increase)");
+        for (int32_t i = lo; i < hi; ++i)
+            if (b.positions[i] != context - (hi - lo) + (i - lo))
+                bad("each sequence's rows must be its consecutive positions ending at context_lens - 1");
+    }
+    for (int64_t j = 0; j < L; ++j) {
+        const float t = r.temperature ? r.temperature[j] : 0.f, p = r.top_p ? r.top_p[j] : 1.f;
+        const float u = r.uniform ? r.uniform[j] : 0.f;
+        if (!(t >= 0.f) || !std::isfinite(t)) bad("temperature must be finite and >= 0");
+        if (!(p > 0.f && p <= 1.f)) bad("top_p must be in (0, 1]");
+        if (!(u >= 0.f && u < 1.f)) bad("the uniform draws must be in [0, 1)");
+    }
     const bool padded = pad_to_seqs > S;
     if (padded && (!is_decode(r) || pad_to_seqs > plan.max_batch_size)) bad("only a decode step can be padded");
     const int64_t Sp = padded ? pad_to_seqs : S, Tp = padded ? pad_to_seqs : T, Lp = padded ? pad_to_seqs : L;
@@ -82,8 +105,7 @@ Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blo
     c[kSelected] = Lp;
     c[kSeqs] = Sp;
     for (int64_t s = 0; s < S; ++s) {
-        const int64_t n = r.cu_seqlens[s + 1] - r.cu_seqlens[s];
-        if (n < 1) bad("every sequence needs at least one row (cu_seqlens must increase)");
+        const int64_t n = b.cu_seqlens[s + 1] - b.cu_seqlens[s];
         if (n == 1)
             ++c[kDecodeSeqs];
         else
@@ -102,27 +124,14 @@ Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blo
     const int64_t B = plan.max_blocks_per_seq;
     int64_t ntiles = 0, ndec = 0;
     for (int64_t s = 0; s < S; ++s) {
-        const int32_t lo = r.cu_seqlens[s], hi = r.cu_seqlens[s + 1], n = hi - lo, context = r.context_lens[s];
-        if (context < n || context > r.table_width * BS)
-            bad("sequence " + std::to_string(s) + ": context length " + std::to_string(context) + " with " +
-                std::to_string(n) + " new rows does not fit its " + std::to_string(r.table_width) + " KV blocks");
-        const int32_t* row = r.block_tables + s * r.table_width;
-        const int64_t used = (context + BS - 1) / BS;
-        for (int64_t b = 0; b < used; ++b)
-            if (row[b] < 0 || row[b] >= num_blocks)
-                bad("a block table names block " + std::to_string(row[b]) + " outside the KV cache (0.." +
-                    std::to_string(num_blocks - 1) + ")");
-        for (int64_t b = 0; b < B; ++b) bt[s * B + b] = b < r.table_width ? row[b] : -1;
+        const int32_t lo = b.cu_seqlens[s], hi = b.cu_seqlens[s + 1], n = hi - lo;
+        const int32_t* row = b.block_tables + s * W;
+        for (int64_t k = 0; k < B; ++k) bt[s * B + k] = k < W ? row[k] : -1;
         cu[s] = lo;
-        ctx[s] = context;
+        ctx[s] = b.context_lens[s];
         for (int32_t i = lo; i < hi; ++i) {
-            const int32_t p = r.positions[i], t = r.token_ids[i];
-            if (p != context - n + (i - lo))
-                bad("each sequence's rows must be its consecutive positions ending at context_lens - 1");
-            if (t < 0 || t >= plan.vocab_size)
-                bad("token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                    std::to_string(plan.vocab_size - 1) + ")");
-            tok[i] = t;
+            const int32_t p = b.positions[i];
+            tok[i] = b.token_ids[i];
             pos[i] = p;
             slot[i] = row[p / BS] * int32_t(BS) + p % int32_t(BS);
         }
@@ -138,17 +147,10 @@ Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blo
     }
     cu[S] = int32_t(T);
     for (int64_t j = 0; j < L; ++j) {
-        const int32_t idx = r.logits_indices[j];
-        if (idx < 0 || idx >= T) bad("logits index " + std::to_string(idx) + " is not a row of the step");
-        li[j] = idx;
-        const float t = r.temperature ? r.temperature[j] : 0.f, p = r.top_p ? r.top_p[j] : 1.f;
-        const float u = r.uniform ? r.uniform[j] : 0.f;
-        if (!(t >= 0.f) || !std::isfinite(t)) bad("temperature must be finite and >= 0");
-        if (!(p > 0.f && p <= 1.f)) bad("top_p must be in (0, 1]");
-        if (!(u >= 0.f && u < 1.f)) bad("the uniform draws must be in [0, 1)");
-        temp[j] = t;
-        topp[j] = p;
-        uni[j] = u;
+        li[j] = b.logits_indices[j];
+        temp[j] = r.temperature ? r.temperature[j] : 0.f;
+        topp[j] = r.top_p ? r.top_p[j] : 1.f;
+        uni[j] = r.uniform ? r.uniform[j] : 0.f;
         topk[j] = r.top_k ? r.top_k[j] : 0;
     }
     for (int64_t s = S; s < Sp; ++s) {  // decode padding: one greedy row at position 0 of the pad block
@@ -158,7 +160,7 @@ Counts derive_step(const LaunchPlan& plan, const StepRequest& r, int64_t num_blo
         cu[s + 1] = int32_t(s + 1);
         ctx[s] = 1;
         bt[s * B] = pad_block;
-        for (int64_t b = 1; b < B; ++b) bt[s * B + b] = -1;
+        for (int64_t k = 1; k < B; ++k) bt[s * B + k] = -1;
         li[s] = int32_t(s);
         dec[ndec++] = int32_t(s);
         temp[s] = 0.f;

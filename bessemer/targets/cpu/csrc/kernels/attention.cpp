@@ -1,10 +1,12 @@
 // attention@1: paged KV cache (fp32, bf16, or int8 / fp8 E4M3 codes with a float32 scale
 // per (token, KV head): kv_codec.h), GQA, causal by position, optional sliding window.
 // Phase 1 stores k/v of every row into the cache (bf16: round to nearest even; int8/fp8:
-// quantized with the row's dynamic scale); phase 2 computes the outputs: tiles of 16 query
-// vectors with an online softmax for prefill-like sequences, one (row, head) with a
-// two-pass softmax for decode rows. Quantized codes are converted in registers; their
-// scales are applied once per key (K after the dot product, V inside the softmax weight).
+// quantized with the row's dynamic scale); phase 2 computes the outputs, always reading K/V
+// back from the cache (a key computed in this step and one from a cached prefix round the
+// same way): tiles of 16 query vectors for prefill-like sequences, the G heads of one row
+// and KV head for decode rows. Both paths give a query bit-identical results (the same key
+// blocks, fp32 K/V values, FMA chains and online softmax), so a request's outputs do not
+// depend on its batch, its prefill chunks or the prefix cache.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <limits>
 
 #include "attention.h"
-#include "attention_avx512.h"
 #include "kernels.h"
 #include "kv_codec.h"
 #include "simd_avx2.h"
@@ -106,10 +107,17 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
     const int32_t* bt = ctx.block_tables + int64_t(s) * P.B;
     const int bs = P.bs;
 
-    for (int32_t jb = jlo; jb <= jhi; jb += kKB) {
+    // key blocks start at multiples of kKB whatever the tile's lanes: a lane's blocks (and so
+    // its online-softmax rounding) depend only on its own position
+    for (int32_t jb = jlo / kKB * kKB; jb <= jhi; jb += kKB) {
         const int nk = std::min<int>(kKB, jhi - jb + 1);
         for (int i = 0; i < nk; ++i) {
             const int32_t j = jb + i;
+            if (j < jlo) {  // before every lane's window (its block may be gone): masked, zeros
+                std::memset(Kf + i * D, 0, sizeof(float) * D);
+                std::memset(Vf + i * D, 0, sizeof(float) * D);
+                continue;
+            }
             const int64_t srow = (int64_t(bt[j / bs]) * bs + j % bs) * P.Hkv + kvh;
             load_kv_row<KV>(P.Kc, P.Ks, srow, Kf + i * D, D);
             load_kv_row<KV>(P.Vc, P.Vs, srow, Vf + i * D, D);
@@ -233,205 +241,130 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
     }
 }
 
-// ---- row path (decode and short sequences): one (row, head) ----
+// ---- row path (decode and short sequences): the G query heads of one row and KV head ----
 //
-// Scores 8 keys at a time (8 dot-product accumulators, reduced together by a hadd tree);
-// P.V keeps up to 64 output dims in registers while it walks the keys.
-// Accumulates acc[0..8*NV) += sum_i w[i] * V[offs[i] + dc ..] (acc in memory, one load/store
-// per call; the keys' V rows stream through registers).
-template <int KV, int NV>
-inline void pv_accum(const void* Vc, const int64_t* voff, int n, const float* w, int dc, float* acc) {
-    __m256 a[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) a[v] = _mm256_loadu_ps(acc + 8 * v);
-    for (int i = 0; i < n; ++i) {
-        const __m256 wv = _mm256_set1_ps(w[i]);
-        const int64_t off = voff[i] + dc;
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(wv, kv::load8<KV>(Vc, off + 8 * v), a[v]);
-    }
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc + 8 * v, a[v]);
-}
+// Bit-identical to a tile lane with the same query, so a row's result does not depend on
+// which path its step shape sends it down (decode, chunked prefill, prefix-cache hit or
+// miss): the same key blocks (absolute multiples of kKB), the same fp32 K/V values
+// (load_kv_row), a score as one FMA chain over d of (q * scale) . k, the same online
+// softmax, and P.V as one FMA chain over the keys in key order. Only the vectorisation
+// differs: 8 keys in the lanes of a score (K transposed in scratch), 8 output dims in the
+// lanes of P.V, and the G heads reuse the block's converted K/V from L1.
+constexpr int kRowKeyGroups = kKB / 8;
 
 template <int KV>
-inline void pv_block(const void* Vc, const int64_t* voff, int n, const float* w, int D, float* acc) {
-    const int D8 = D & ~7;
-    int dc = 0;
-    for (; dc + 64 <= D8; dc += 64) pv_accum<KV, 8>(Vc, voff, n, w, dc, acc + dc);
-    switch ((D8 - dc) / 8) {
-        case 7: pv_accum<KV, 7>(Vc, voff, n, w, dc, acc + dc); break;
-        case 6: pv_accum<KV, 6>(Vc, voff, n, w, dc, acc + dc); break;
-        case 5: pv_accum<KV, 5>(Vc, voff, n, w, dc, acc + dc); break;
-        case 4: pv_accum<KV, 4>(Vc, voff, n, w, dc, acc + dc); break;
-        case 3: pv_accum<KV, 3>(Vc, voff, n, w, dc, acc + dc); break;
-        case 2: pv_accum<KV, 2>(Vc, voff, n, w, dc, acc + dc); break;
-        case 1: pv_accum<KV, 1>(Vc, voff, n, w, dc, acc + dc); break;
-        default: break;
-    }
-    for (int d = D8; d < D; ++d) {
-        float x = acc[d];
-        for (int i = 0; i < n; ++i) x += w[i] * kv::load1<KV>(Vc, voff[i] + d);
-        acc[d] = x;
-    }
-}
-
-// One decode row, all heads, over key chunk `split` of `nsplit` of the row's key range.
-// Each cached position's K (then V) row of all KV heads is contiguous, so the thread
-// streams the cache in address order and reads every byte once; the G query heads of a
-// KV head reuse its rows from L1. Writes o directly (partial == nullptr) or the chunk's
-// (max, sum, unnormalised acc) per head into partial[h * (D + 2) ..] for the combine pass.
-template <int KV>
-void attend_dec(const AttnParams& P, const StepContext& ctx, int t, int split, int nsplit,
-                float* scratch, int64_t ncap, float* partial) {
-    using E = typename kv::Elem<KV>::T;
-    const int D = P.D, G = P.G, H = P.H, Hkv = P.Hkv, bs = P.bs;
-    const int D8 = D & ~7;
+void attend_row(const AttnParams& P, const StepContext& ctx, int t, int kvh, float* scratch) {
+    const int D = P.D, G = P.G;
     const int s = ctx.seq_of_row[t];
-    const int64_t p = ctx.positions[t];
-    const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p - P.window + 1) : 0;
-    const int64_t n_all = p - lo + 1;
-    const int64_t a = lo + n_all * split / nsplit;
-    const int n = int(lo + n_all * (split + 1) / nsplit - a);
-    float* sc = scratch;                                             // [H][ncap]
-    int64_t* offs = reinterpret_cast<int64_t*>(scratch + H * ncap);  // [ncap]
-    int64_t* slot = reinterpret_cast<int64_t*>(scratch + (H + 2) * ncap);  // [ncap] x Hkv
-    float* acc = scratch + (H + 4) * ncap;                           // [H][D]
-    float* mx = acc + int64_t(H) * D;                                // [H]
-    float* sum = mx + H;                                             // [H]
-    float* kmul = sum + H;                                           // [Hkv][8]
-    if (n <= 0) {
-        for (int h = 0; h < H; ++h) {
-            float* pp = partial + h * (D + 2);
-            pp[0] = -std::numeric_limits<float>::infinity();
-            pp[1] = 0.0f;
-            std::memset(pp + 2, 0, sizeof(float) * D);
-        }
-        return;
+    const int32_t p = ctx.positions[t];
+    const int32_t lo = P.window > 0 ? int32_t(std::max<int64_t>(0, p - P.window + 1)) : 0;
+    float* Kf = scratch;           // [kKB][D] the block's keys, fp32
+    float* Vf = Kf + kKB * D;      // [kKB][D] its values
+    float* Kt = Vf + kKB * D;      // [kRowKeyGroups][D][8] keys transposed, 8 per group
+    float* Qs = Kt + kKB * D;      // [G][D] queries times the softmax scale
+    float* Sg = Qs + G * D;        // [G][kKB] scores, then softmax numerators
+    float* Og = Sg + G * kKB;      // [G][D] unnormalised outputs
+    float* mg = Og + G * D;        // [G] running max
+    float* lg = mg + G;            // [G] running sum
+    for (int g = 0; g < G; ++g) {
+        const float* qr = P.q + t * P.ldq + int64_t(kvh * G + g) * D;
+        for (int d = 0; d < D; ++d) Qs[g * D + d] = qr[d] * P.scale;
+        mg[g] = -1e30f;  // the tile's initial running max
+        lg[g] = 0.0f;
     }
+    std::memset(Og, 0, sizeof(float) * G * D);
+    std::memset(Kf, 0, sizeof(float) * kKB * D);  // keys past the last real one score 0, unused
     const int32_t* bt = ctx.block_tables + int64_t(s) * P.B;
-    for (int i = 0; i < n; ++i) {
-        const int64_t j = a + i;
-        slot[i] = (int64_t(bt[j / bs]) * bs + j % bs) * Hkv;
-        offs[i] = slot[i] * D;
-    }
-    for (int i = n; i < ((n + 7) & ~7); ++i) {
-        offs[i] = offs[0];
-        slot[i] = slot[0];
-    }
-    const __m256 vscale = _mm256_set1_ps(P.scale);
-    const E* Kc = static_cast<const E*>(P.Kc);
-    const E* Vc = static_cast<const E*>(P.Vc);
-    const int row_bytes = int(P.row_elems * sizeof(E));
-    constexpr int kPfKeys = 16;  // software prefetch distance (rows), across page breaks
-    // Scores, 8 positions at a time.
-    for (int i0 = 0; i0 < n; i0 += 8) {
-        const int64_t* ko = offs + i0;
-        for (int u = 0; u < 8 && i0 + kPfKeys + u < n; ++u) {
-            const char* kp = reinterpret_cast<const char*>(Kc + offs[i0 + kPfKeys + u]);
-            for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(kp + b, _MM_HINT_T0);
+    const int bs = P.bs;
+    for (int32_t jb = lo / kKB * kKB; jb <= p; jb += kKB) {
+        const int32_t j0 = std::max(jb, lo);
+        const int nk = std::min<int32_t>(jb + kKB - 1, p) - j0 + 1;
+        for (int i = 0; i < nk; ++i) {
+            const int32_t j = j0 + i;
+            const int64_t srow = (int64_t(bt[j / bs]) * bs + j % bs) * P.Hkv + kvh;
+            load_kv_row<KV>(P.Kc, P.Ks, srow, Kf + i * D, D);
+            load_kv_row<KV>(P.Vc, P.Vs, srow, Vf + i * D, D);
         }
-        if (P.dec512) {
-            for (int kvh = 0; kvh < Hkv; ++kvh)
-                for (int u = 0; u < 8; ++u)
-                    kmul[kvh * 8 + u] = kv::coded<KV>() ? P.Ks[slot[i0 + u] + kvh] * (P.scale * kv::value_mul<KV>())
-                                                        : P.scale;
-            attn_dec_scores8_avx512(KV, Kc, ko, P.q + t * P.ldq, H, Hkv, D, kmul, sc + i0, ncap);
-            continue;
-        }
-        for (int kvh = 0; kvh < Hkv; ++kvh) {
-            const E* Kk = Kc + int64_t(kvh) * D;
-            // Per-key multiplier: the softmax scale, times the key's scale for codes.
-            __m256 kmul = vscale;
-            if constexpr (kv::coded<KV>()) {
-                alignas(32) float ks[8];
-                for (int u = 0; u < 8; ++u) ks[u] = P.Ks[slot[i0 + u] + kvh];
-                kmul = _mm256_mul_ps(_mm256_load_ps(ks), _mm256_set1_ps(P.scale * kv::value_mul<KV>()));
-            }
-            for (int g = 0; g < G; ++g) {
-                const int h = kvh * G + g;
-                const float* qr = P.q + t * P.ldq + int64_t(h) * D;
-                __m256 x[8];
+        const int ng = (nk + 7) / 8;
+        for (int kg = 0; kg < ng; ++kg)
+            for (int d = 0; d < D; ++d)
+                for (int u = 0; u < 8; ++u) Kt[(kg * D + d) * 8 + u] = Kf[(kg * 8 + u) * D + d];
+        for (int g = 0; g < G; ++g) {
+            // Scores of the block's keys, 8 per accumulator, one FMA chain over d each.
+            const float* qg = Qs + g * D;
+            float* sg = Sg + g * kKB;
+            __m256 acc[kRowKeyGroups];
 #pragma GCC unroll 8
-                for (int u = 0; u < 8; ++u) x[u] = _mm256_setzero_ps();
-                for (int d = 0; d < D8; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qr + d);
+            for (int kg = 0; kg < kRowKeyGroups; ++kg) acc[kg] = _mm256_setzero_ps();
+            if (ng == kRowKeyGroups) {
+                for (int d = 0; d < D; ++d) {
+                    const __m256 qb = _mm256_broadcast_ss(qg + d);
 #pragma GCC unroll 8
-                    for (int u = 0; u < 8; ++u) x[u] = _mm256_fmadd_ps(qv, kv::load8<KV>(Kk, ko[u] + d), x[u]);
+                    for (int kg = 0; kg < kRowKeyGroups; ++kg)
+                        acc[kg] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(Kt + (kg * D + d) * 8), acc[kg]);
                 }
-                const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
-                const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
-                __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-                if (D8 < D) {
-                    alignas(32) float tail[8];
-                    for (int u = 0; u < 8; ++u) {
-                        float e = 0.0f;
-                        for (int d = D8; d < D; ++d) e += qr[d] * kv::load1<KV>(Kk, ko[u] + d);
-                        tail[u] = e;
-                    }
-                    v = _mm256_add_ps(v, _mm256_load_ps(tail));
+            } else {
+                for (int d = 0; d < D; ++d) {
+                    const __m256 qb = _mm256_broadcast_ss(qg + d);
+                    for (int kg = 0; kg < ng; ++kg)
+                        acc[kg] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(Kt + (kg * D + d) * 8), acc[kg]);
                 }
-                _mm256_storeu_ps(sc + h * ncap + i0, _mm256_mul_ps(v, kmul));
+            }
+            for (int kg = 0; kg < ng; ++kg) _mm256_storeu_ps(sg + kg * 8, acc[kg]);
+            // Online softmax, as the tile does it per lane.
+            float bm = mg[g];
+            for (int i = 0; i < nk; ++i) bm = std::max(bm, sg[i]);
+            if (bm != mg[g]) {
+                const float al = exp_scalar(mg[g] - bm);
+                lg[g] = lg[g] * al;
+                const __m256 va = _mm256_set1_ps(al);
+                float* og = Og + g * D;
+                int d = 0;
+                for (; d + 8 <= D; d += 8) _mm256_storeu_ps(og + d, _mm256_mul_ps(_mm256_loadu_ps(og + d), va));
+                for (; d < D; ++d) og[d] = og[d] * al;
+            }
+            mg[g] = bm;
+            const __m256 vm = _mm256_set1_ps(bm);
+            for (int kg = 0; kg < ng; ++kg)
+                _mm256_storeu_ps(sg + kg * 8, exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + kg * 8), vm)));
+            float l = lg[g];
+            for (int i = 0; i < nk; ++i) l = l + sg[i];
+            lg[g] = l;
+            // Og[d] += sum_i p[i] * V[i][d], keys in order.
+            float* og = Og + g * D;
+            int d0 = 0;
+            for (; d0 + 32 <= D; d0 += 32) {
+                __m256 a[4];
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u) a[u] = _mm256_loadu_ps(og + d0 + 8 * u);
+                for (int i = 0; i < nk; ++i) {
+                    const __m256 pb = _mm256_broadcast_ss(sg + i);
+                    const float* vr = Vf + i * D + d0;
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u) a[u] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vr + 8 * u), a[u]);
+                }
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; ++u) _mm256_storeu_ps(og + d0 + 8 * u, a[u]);
+            }
+            for (; d0 + 8 <= D; d0 += 8) {
+                __m256 a = _mm256_loadu_ps(og + d0);
+                for (int i = 0; i < nk; ++i)
+                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(sg + i), _mm256_loadu_ps(Vf + i * D + d0), a);
+                _mm256_storeu_ps(og + d0, a);
+            }
+            for (; d0 < D; ++d0) {
+                float a = og[d0];
+                for (int i = 0; i < nk; ++i) a = std::fma(sg[i], Vf[i * D + d0], a);
+                og[d0] = a;
             }
         }
     }
-    // Softmax numerators per head.
-    for (int h = 0; h < H; ++h) {
-        float* sg = sc + h * ncap;
-        __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-        int i = 0;
-        for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sg + i));
-        float m = hmax256(vmax);
-        for (; i < n; ++i) m = std::max(m, sg[i]);
-        const __m256 vm = _mm256_set1_ps(m);
-        __m256 vsum = _mm256_setzero_ps();
-        for (i = 0; i + 8 <= n; i += 8) {
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vm));
-            _mm256_storeu_ps(sg + i, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        float l = hsum256(vsum);
-        for (; i < n; ++i) {
-            sg[i] = exp_scalar(sg[i] - m);
-            l += sg[i];
-        }
-        mx[h] = m;
-        sum[h] = l;
-        if constexpr (kv::coded<KV>()) {  // V's scale joins the weight (after the sum)
-            const float* vsc = P.Vs + h / G;
-            const float mul = kv::value_mul<KV>();
-            for (i = 0; i < n; ++i) sg[i] *= vsc[slot[i]] * mul;
-        }
-    }
-    // P.V in blocks of 32 positions (their V rows stay in L1/L2 across the heads).
-    std::memset(acc, 0, sizeof(float) * H * D);
-    for (int kb = 0; kb < n; kb += 32) {
-        const int nb = std::min(32, n - kb);
-        for (int i = 0; i < nb && kb + 32 + i < n; ++i) {
-            const char* vp = reinterpret_cast<const char*>(Vc + offs[kb + 32 + i]);
-            for (int b = 0; b < row_bytes; b += 64) _mm_prefetch(vp + b, _MM_HINT_T0);
-        }
-        if (P.dec512)  // the G query heads of a KV head together: each V element converted once
-            for (int kvh = 0; kvh < Hkv; ++kvh)
-                attn_dec_pv_avx512(KV, Vc + int64_t(kvh) * D, offs + kb, nb, sc + kvh * G * ncap + kb, ncap, G, D,
-                                   acc + int64_t(kvh) * G * D);
-        else
-            for (int h = 0; h < H; ++h)
-                pv_block<KV>(Vc + int64_t(h / G) * D, offs + kb, nb, sc + h * ncap + kb, D, acc + h * D);
-    }
-    for (int h = 0; h < H; ++h) {
-        const float* ah = acc + h * D;
-        if (partial) {
-            float* pp = partial + h * (D + 2);
-            pp[0] = mx[h];
-            pp[1] = sum[h];
-            std::memcpy(pp + 2, ah, sizeof(float) * D);
-        } else {
-            const float sink = P.sinks ? std::exp(P.sinks[h] - mx[h]) : 0.0f;
-            const float inv = 1.0f / (sum[h] + sink);
-            float* orow = P.o + t * P.ldo + int64_t(h) * D;
-            for (int d = 0; d < D; ++d) orow[d] = ah[d] * inv;
-        }
+    for (int g = 0; g < G; ++g) {
+        const int h = kvh * G + g;
+        const float sink = P.sinks ? std::exp(P.sinks[h] - mg[g]) : 0.0f;
+        const float inv = 1.0f / (lg[g] + sink);
+        float* orow = P.o + t * P.ldo + int64_t(h) * D;
+        for (int d = 0; d < D; ++d) orow[d] = Og[g * D + d] * inv;
     }
 }
 
@@ -499,39 +432,24 @@ void attend(const KernelCall& c, const StepContext& ctx) {
     }
 
     // Work list: tiles of sequences with >= kTileMin query vectors per KV head; the rows of
-    // the other sequences (decode) go one row (all heads) at a time, their key range split
-    // into chunks when there are too few rows to keep the threads busy.
+    // the other sequences (decode) go one (row, KV head) at a time. Both give the same bits
+    // for a query (attend_row), so the split is free to follow the step's shape. No split of
+    // a row's keys over threads: its combine would round differently from a tile's.
     int32_t* tile_start = ctx.iwork;        // [S + 1] prefix sums of tiles (x Hkv)
-    int32_t* dec_rows = ctx.iwork + S + 1;  // [T] rows on the decode path
+    int32_t* dec_rows = ctx.iwork + S + 1;  // [T] rows on the row path
     tile_start[0] = 0;
     int n_dec = 0;
-    int64_t max_keys = 1;
     for (int s = 0; s < S; ++s) {
         const int r0 = ctx.cu_seqlens[s], r1 = ctx.cu_seqlens[s + 1];
         const int nq = (r1 - r0) * P.G;
         const int tiles = nq >= kTileMin ? (nq + kLanes - 1) / kLanes : 0;
         if (!tiles)
-            for (int t = r0; t < r1; ++t) {
-                dec_rows[n_dec++] = t;
-                const int64_t p = ctx.positions[t];
-                const int64_t lo = P.window > 0 ? std::max<int64_t>(0, p - P.window + 1) : 0;
-                max_keys = std::max<int64_t>(max_keys, p - lo + 1);
-            }
+            for (int t = r0; t < r1; ++t) dec_rows[n_dec++] = t;
         tile_start[s + 1] = tile_start[s] + tiles * P.Hkv;
     }
     const int64_t tile_items = tile_start[S];
-    int nsplit = 1;
-    if (n_dec > 0 && n_dec < 2 * nt && ctx.fwork) {
-        // chunks of >= 64 keys: at short context one decode row is still ~20 us of work on
-        // one core while the other waits (measured: SmolLM2 decode, 14% of the step)
-        nsplit = int(std::min<int64_t>((4 * nt + n_dec - 1) / n_dec, (max_keys + 63) / 64));
-        nsplit = std::max(1, std::min(nsplit, 4 * nt));
-        if (int64_t(n_dec) * P.H * nsplit * (P.D + 2) > ctx.fwork_len) nsplit = 1;
-    }
-    const int64_t dec_items = int64_t(n_dec) * nsplit;
-    const int64_t ncap = (std::min<int64_t>(max_keys, (max_keys + nsplit - 1) / nsplit + 1) + 15) / 16 * 16 + 16;
+    const int64_t dec_items = int64_t(n_dec) * P.Hkv;
     const int64_t total = tile_items + dec_items;
-    const int D = P.D, H = P.H;
 
 #pragma omp parallel num_threads(nt) if (nt > 1 && total > 1)
     {
@@ -544,35 +462,8 @@ void attend(const KernelCall& c, const StepContext& ctx) {
             attend_tile<KV>(P, ctx, s, local % P.Hkv, (local / P.Hkv) * kLanes, scratch);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < dec_items; ++it) {
-            const int r = int(it / nsplit), split = int(it % nsplit);
-            float* partial = nsplit > 1 ? ctx.fwork + (int64_t(r) * nsplit + split) * H * int64_t(D + 2) : nullptr;
-            attend_dec<KV>(P, ctx, dec_rows[r], split, nsplit, scratch, ncap, partial);
-        }
-        if (nsplit > 1) {
-            // Combine the chunks: o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
-#pragma omp for schedule(static)
-            for (int64_t it = 0; it < int64_t(n_dec) * H; ++it) {
-                const int r = int(it / H), h = int(it % H);
-                const float* base = ctx.fwork + int64_t(r) * nsplit * H * int64_t(D + 2) + int64_t(h) * (D + 2);
-                const int64_t cstride = int64_t(H) * (D + 2);
-                float M = -std::numeric_limits<float>::infinity();
-                for (int c = 0; c < nsplit; ++c) M = std::max(M, base[c * cstride]);
-                float* orow = P.o + dec_rows[r] * P.ldo + int64_t(h) * D;
-                float l = 0.0f;
-                for (int d = 0; d < D; ++d) orow[d] = 0.0f;
-                for (int c = 0; c < nsplit; ++c) {
-                    const float* pc = base + c * cstride;
-                    if (pc[1] == 0.0f) continue;  // empty chunk
-                    const float f = std::exp(pc[0] - M);
-                    l += pc[1] * f;
-                    for (int d = 0; d < D; ++d) orow[d] += pc[2 + d] * f;
-                }
-                if (P.sinks) l += std::exp(P.sinks[h] - M);  // once, after the chunks
-                const float inv = 1.0f / l;
-                for (int d = 0; d < D; ++d) orow[d] *= inv;
-            }
-        }
+        for (int64_t it = 0; it < dec_items; ++it)
+            attend_row<KV>(P, ctx, dec_rows[it / P.Hkv], int(it % P.Hkv), scratch);
     }
 }
 

@@ -1,5 +1,6 @@
 // attention@1's prepare: checks the step against the plan's KV cache, keeps its parameters
 // and declares what it needs from the executor (KV reads and window, scratch, workspaces).
+#include <algorithm>
 #include <cmath>
 
 #include "attention.h"
@@ -40,13 +41,12 @@ AttentionParams& prepare_common(KernelCall& c, const PlanInfo& p) {
     n.reads_kv = true;
     n.kv_window = a.window;
     // per thread: a tile's transposed queries, output and key/value block (prefill), or a
-    // decode row's scores over ncap = align_up(C, 16) + 32 keys for its H heads plus their
-    // accumulators (decode)
-    n.thread_floats = D * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * D + 64;
-    n.thread_floats_per_key = H + 4;
-    n.thread_floats_base = H * (D + 10) + 64;
-    // split-K partials of decode rows: (max, sum, D accumulators) per head, chunk and row
-    n.shared_floats_per_thread_pair = 8 * H * (D + 2);
+    // row's key/value block (and its keys transposed) with its G heads' queries, scores,
+    // outputs, max and sum (decode); neither grows with the context
+    const int64_t G = H / Hkv;
+    const int64_t tile = D * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * D;
+    const int64_t row = 3 * int64_t(kKB) * D + G * (2 * D + kKB + 2);
+    n.thread_floats = std::max(tile, row) + 64;
     n.ints_per_seq = 1;  // tile prefix sums
     n.ints_per_row = 1;  // decode rows
     return a;

@@ -12,7 +12,11 @@
 //     int8, or leaves them as they are), then its panel groups, then MR-row chunks: the
 //     activation block stays in L2 while every group of the thread uses it, and a group's
 //     weights (kc x NR*16) stay in L1/L2 across the MR-row chunks (linear_run);
-//   * GEMV (M <= MR): one row block and one K block; each weight byte is read exactly once.
+//   * GEMV (M <= MR): one row block; each weight byte is read exactly once.
+// Batch invariance: a row's outputs are bit-identical whatever the call's row count, the
+// row's place in it and the thread count. K blocks depend only on the weight's shape (never
+// on M), each microkernel computes a row as the same FMA chain over k whatever its MR and
+// NR, and threads split rows or columns, never K.
 // What differs between kernel families is only how K and rows are blocked (their
 // activation buffers differ) and what each microkernel call is handed: a family is a
 // struct with blocks(), thread_bytes(), begin(), block(), group() and rows() (PanelFamily
@@ -123,7 +127,7 @@ inline void linear_run(const F& f, int M, int N, int K, const LinearWork& w, con
 template <class F>
 inline void linear_drive_family(F& f, int M, int N, int K, int NR, int nthreads) {
     const LinearWork work = plan_linear_work(M, N, K, f.MR, NR, nthreads);
-    const LinearBlocks b = f.blocks(work.gemv);
+    const LinearBlocks b = f.blocks();
     linear_run(f, M, N, K, work, b);
 }
 
@@ -210,9 +214,10 @@ struct PanelFamily {
         int m_blk, k0, p0;
     };
 
-    LinearBlocks blocks(bool gemv) {
+    LinearBlocks blocks() {
         const int group = q ? q->group : 0;
-        int n = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
+        // K > 1024: blocks of about 512 (the activation block stays in L2), for every M
+        int n = K > 1024 ? (K + 511) / 512 : 1;
         int kc = (K + n - 1) / n;
         // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
         // groups; one group always fits, group <= kXPrepMaxGroup).

@@ -69,11 +69,11 @@ struct Fp8Family {
         int m_blk, p0;
     };
 
-    LinearBlocks blocks(bool gemv) {
-        // K blocks: 512 for a GEMM with K > 1024 (as linear@1), and small enough that MR rows
+    LinearBlocks blocks() {
+        // K blocks: 512 for K > 1024 (as linear@1, whatever M), and small enough that MR rows
         // of quantized activations fit the buffer.
         const int kc_cap = (kXqBytes / (MR * esize)) & ~1;
-        int nkb = (!gemv && K > 1024) ? (K + 511) / 512 : 1;
+        int nkb = K > 1024 ? (K + 511) / 512 : 1;
         if ((K + nkb - 1) / nkb > kc_cap) nkb = (K + kc_cap - 1) / kc_cap;
         int kc = (K + nkb - 1) / nkb;
         kc += kc & 1;  // even, so only the last block may have an odd tail

@@ -157,17 +157,15 @@ void ukr_w4_bf16(const UkArgs& a) {
     const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
     const int lines = (a.kc + 7) / 8;
     const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
-    // Independent accumulators per output tile: with few rows the k loop is otherwise one
-    // dependent chain of vdpbf16ps per panel (latency-bound, not bandwidth-bound, at M = 1).
-    constexpr int NA = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
+    // One chain of vdpbf16ps per output tile for every MR: extra accumulators for small MR
+    // (fewer dependent steps at M = 1) would sum a row's k in another order than when the
+    // row is in a larger batch (batch invariance, linear_driver.h).
     for (int g = 0; g < ng; ++g) {
-        __m512 acc[MR][NR][NA];
+        __m512 acc[MR][NR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n)
-#pragma GCC unroll 4
-                for (int j = 0; j < NA; ++j) acc[r][n][j] = _mm512_setzero_ps();
+            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_setzero_ps();
         const int k0 = g * G, k1 = k0 + G;
         for (int k = k0; k < k1; k += 8) {
             __m512i blk[NR];
@@ -193,7 +191,7 @@ void ukr_w4_bf16(const UkArgs& a) {
                         const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
 #pragma GCC unroll 4
                         for (int n = 0; n < NR; ++n)
-                            acc[r][n][p % NA] = _mm512_dpbf16_ps(acc[r][n][p % NA], wv[n], xv);
+                            acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xv);
                     }
                 }
             } else {  // last (k1 - k) < 8 columns of a group that is not a multiple of 8 (G == K):
@@ -210,17 +208,11 @@ void ukr_w4_bf16(const UkArgs& a) {
                     for (int r = 0; r < MR; ++r) {
                         const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
 #pragma GCC unroll 4
-                        for (int n = 0; n < NR; ++n) acc[r][n][0] = _mm512_dpbf16_ps(acc[r][n][0], wv[n], xv);
+                        for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xv);
                     }
                 }
             }
         }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n)
-#pragma GCC unroll 4
-                for (int j = 1; j < NA; ++j) acc[r][n][0] = _mm512_add_ps(acc[r][n][0], acc[r][n][j]);
         float sx[MR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
@@ -241,10 +233,10 @@ void ukr_w4_bf16(const UkArgs& a) {
             for (int r = 0; r < MR; ++r) {
                 __m512 v;
                 if (SYM) {  // w = s (c - 8): y += 16 s (acc - 1.5 sx), see the top of the file
-                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], _mm512_set1_ps(1.5f * sx[r])), s16, b);
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], _mm512_set1_ps(1.5f * sx[r])), s16, b);
                 } else {
                     const __m512 sb = _mm512_set1_ps(sx[r]);
-                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n][0], sb), s16, _mm512_fmadd_ps(o, sb, b));
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], sb), s16, _mm512_fmadd_ps(o, sb, b));
                 }
                 simd512::store_row16(a.y + r * a.ldy + col0, mask, v, load_y);
             }

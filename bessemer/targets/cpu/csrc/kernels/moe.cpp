@@ -1,17 +1,16 @@
-// moe@1: mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; gpt-oss's stacked layout).
-// Per token: route (softmax + top-k as transformers does), then for each of its top_k
-// experts gate/up = W_gu[e] x, act = silu(gate) * up (or gpt-oss's clamped swiglu),
-// y += p_e * W_down[e] act. Only the routed experts' rows are read. Weights float32
-// row_major as plugins/ops.py moe_weight_shapes stores them:
+// moe@1: mixture of experts on fp32 weights (Mixtral, Qwen2-MoE, Qwen3-MoE; gpt-oss's stacked
+// layout), and the grouped driver every expert kernel runs under (moe_grouped.h).
+// Weights float32 row_major as plugins/ops.py moe_weight_shapes stores them:
 //   layout 0: gate_up (E*2I, H) (expert e's gate rows then up rows), down (E*H, I)
 //   layout 1: gate_up (E, H, 2I) input-major, gate/up interleaved; down (E, I, H)
 // optional biases (both or none): gate_up_bias (E*2I) / (E, 2I), down_bias (E*H) / (E, H).
-// Tokens are split over threads; fp32 dot products and accumulation.
+// act = silu(gate) * up, or gpt-oss's clamped swiglu; fp32 dot products and accumulation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <omp.h>
 
-#include "kernels.h"
+#include "moe_grouped.h"
 #include "simd_avx2.h"
 
 namespace bessemer {
@@ -19,13 +18,6 @@ namespace bessemer {
 using namespace simd;
 
 namespace {
-
-constexpr int kMaxExperts = 1024;
-
-struct MoeParams : KernelParams {
-    int E, local, first, k, I, H;
-    bool after_topk, renorm, stacked, swiglu_clamped, biases;
-};
 
 inline float dot(const float* a, const float* b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -59,9 +51,9 @@ inline float expert_act(float g, float u, bool clamped) {
 // The top_k experts of one token and their weights, as ops.ref_moe_routing (ties: the lower
 // expert index first, like a stable sort).
 void route(const MoeParams& P, const float* logits, int* top, double* w) {
-    double p[kMaxExperts];
+    double p[kMoeMaxExperts];
     const int E = P.E;
-    bool taken[kMaxExperts] = {};
+    bool taken[kMoeMaxExperts] = {};
     if (!P.after_topk) {  // softmax over every expert, then top-k of the probabilities
         double mx = logits[0];
         for (int e = 1; e < E; ++e) mx = std::max(mx, double(logits[e]));
@@ -91,12 +83,42 @@ void route(const MoeParams& P, const float* logits, int* top, double* w) {
     }
 }
 
+// fp32 row_major weights. Layout 0 stores output rows (N, K): one dot product per (row, token),
+// rows split over the threads. Layout 1 stores input rows (K, N): each thread owns a block
+// of output columns and adds x[m][k] * W[k, block] for every k, so W is read once for all
+// the expert's tokens.
+void matmul_f32(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                const float* bias, float* y, int64_t ldy, int nthreads) {
+    const MoeParams& P = c.get<MoeParams>();
+    const int N = which == GATE_UP ? 2 * P.I : P.H, K = which == GATE_UP ? P.H : P.I;
+    const float* W = static_cast<const float*>(c.weights[which]->data) + int64_t(e) * N * K;
+    const bool threads = nthreads > 1 && int64_t(N) * K * M >= 32768;
+    if (!P.stacked) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (threads)
+        for (int n = 0; n < N; ++n)
+            for (int m = 0; m < M; ++m)
+                y[m * ldy + n] = dot(W + int64_t(n) * K, x + m * ldx, K) + (bias ? bias[n] : 0.0f);
+        return;
+    }
+    constexpr int kCols = 64;
+    const int blocks = (N + kCols - 1) / kCols;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (threads)
+    for (int b = 0; b < blocks; ++b) {
+        const int n0 = b * kCols, nc = std::min(kCols, N - n0);
+        for (int m = 0; m < M; ++m) {
+            float* ym = y + m * ldy + n0;
+            for (int j = 0; j < nc; ++j) ym[j] = bias ? bias[n0 + j] : 0.0f;
+        }
+        for (int k = 0; k < K; ++k)
+            for (int m = 0; m < M; ++m) axpy(x[m * ldx + k], W + int64_t(k) * N + n0, y + m * ldy + n0, nc);
+    }
+}
+
 }  // namespace
 
-void prepare_moe(KernelCall& c, const PlanInfo& p) {
-    expect_arity(c, 2, 1, 2, 4);
+void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights) {
+    expect_arity(c, 2, 1, size_t(matrix_weights), size_t(matrix_weights) + 2);
     same_rows(c, p);
-    MoeParams& P = c.set_params<MoeParams>();
     P.E = int(attr(c, "num_experts"));
     P.k = int(attr(c, "top_k"));
     P.I = int(attr(c, "expert_size"));
@@ -107,7 +129,7 @@ void prepare_moe(KernelCall& c, const PlanInfo& p) {
     P.swiglu_clamped = attr_or(c, "activation", 0.0) == 1.0;
     P.first = int(attr_or(c, "first_expert", 0.0));
     P.local = int(attr_or(c, "local_experts", double(P.E)));
-    if (P.E <= 0 || P.E > kMaxExperts || P.k <= 0 || P.k > P.E || P.I <= 0)
+    if (P.E <= 0 || P.E > kMoeMaxExperts || P.k <= 0 || P.k > P.E || P.I <= 0)
         kernel_error(c, "num_experts (at most 1024), top_k and expert_size must fit");
     if (P.first < 0 || P.local <= 0 || P.first + P.local > P.E)
         kernel_error(c, "first_expert / local_experts outside num_experts");
@@ -117,73 +139,103 @@ void prepare_moe(KernelCall& c, const PlanInfo& p) {
     expect_width(c, c.ins[1], P.E, "router_logits");
     if (views_overlap(c.outs[0], c.ins[0]) || views_overlap(c.outs[0], c.ins[1]))
         kernel_error(c, "output view overlaps an input view");
-    if (c.weights.size() == 3) kernel_error(c, "gate_up_bias and down_bias come together or not at all");
-    P.biases = c.weights.size() == 4;
-    const int64_t L = P.local, I2 = 2 * int64_t(P.I), H = P.H, I = P.I;
-    if (P.stacked) {
-        expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, H, I2});
-        expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, I, H});
-        if (P.biases) {
-            expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, I2});
-            expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, H});
-        }
-    } else {
-        expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * I2, H});
-        expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * H, I});
-        if (P.biases) {
-            expect_weight(c, 2, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * I2});
-            expect_weight(c, 3, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * H});
+    const int extra = int(c.weights.size()) - matrix_weights;
+    if (extra == 1) kernel_error(c, "gate_up_bias and down_bias come together or not at all");
+    P.bias_at = extra == 2 ? matrix_weights : -1;
+    const int64_t L = P.local, I2 = 2 * int64_t(P.I), H = P.H;
+    if (P.bias_at >= 0) {  // (E, 2I) and (E, H) in layout 1; flat (E*2I) and (E*H) in layout 0
+        if (P.stacked) {
+            expect_weight(c, P.bias_at, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, I2});
+            expect_weight(c, P.bias_at + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, H});
+        } else {
+            expect_weight(c, P.bias_at, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * I2});
+            expect_weight(c, P.bias_at + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * H});
         }
     }
-    c.needs.thread_floats = I2 + I + H + 64;  // gate/up, activations, the token's output
+    // the chunk's gathered x, gate/up, activations and down rows (moe_grouped.h)
+    c.needs.thread_floats = int64_t(kExpertChunk) * (2 * H + 3 * int64_t(P.I)) + 64;
+    // per (token, slot): expert, weight, sorted pair; per expert: its first sorted pair
+    c.needs.ints_per_row = 3 * int64_t(P.k);
+    c.needs.ints_per_seq = L + 1;
 }
 
-void run_moe(const KernelCall& c, const StepContext& ctx) {
-    const MoeParams& P = c.get<MoeParams>();
-    const int rows = ctx.rows(c.rows), H = P.H, I = P.I;
+void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, ExpertMatmul matmul) {
+    const int T = ctx.rows(c.rows), H = P.H, I = P.I, k = P.k, L = P.local;
     const float* x = ctx.ptr(c.ins[0]);
     const float* logits = ctx.ptr(c.ins[1]);
     float* out = ctx.ptr(c.outs[0]);
     const int64_t ldx = ctx.ld(c.ins[0]), ldl = ctx.ld(c.ins[1]), ldo = ctx.ld(c.outs[0]);
-    const float* wgu = static_cast<const float*>(c.weights[0]->data);
-    const float* wd = static_cast<const float*>(c.weights[1]->data);
-    const float* bgu = P.biases ? static_cast<const float*>(c.weights[2]->data) : nullptr;
-    const float* bd = P.biases ? static_cast<const float*>(c.weights[3]->data) : nullptr;
-    const int64_t I2 = 2 * int64_t(I);
-#pragma omp parallel for num_threads(ctx.nthreads) schedule(dynamic, 1) if (ctx.nthreads > 1 && rows > 1)
-    for (int r = 0; r < rows; ++r) {
-        float* gu = ctx.scratch[omp_get_thread_num()];  // (2I)
-        float* act = gu + I2;                           // (I)
-        float* y = act + I;                             // (H)
-        int top[kMaxExperts];
-        double w[kMaxExperts];
+    int32_t* expert = ctx.iwork;                  // [T*k] local expert of each pair (-1: another rank's)
+    float* weight = reinterpret_cast<float*>(expert + int64_t(T) * k);  // [T*k] its routing weight
+    int32_t* order = expert + 2 * int64_t(T) * k;  // [T*k] pairs sorted by expert, then token, then slot
+    int32_t* start = order + int64_t(T) * k;       // [L+1] each expert's first sorted pair
+#pragma omp parallel for num_threads(ctx.nthreads) schedule(static) if (ctx.nthreads > 1 && T >= 16)
+    for (int r = 0; r < T; ++r) {
+        int top[kMoeMaxExperts];
+        double w[kMoeMaxExperts];
         route(P, logits + r * ldl, top, w);
-        const float* xr = x + r * ldx;
-        std::fill(y, y + H, 0.0f);
-        for (int j = 0; j < P.k; ++j) {
+        for (int j = 0; j < k; ++j) {
             const int e = top[j] - P.first;
-            if (e < 0 || e >= P.local) continue;  // another rank's expert (tensor parallelism)
-            const float pe = float(w[j]);
-            if (P.stacked) {
-                std::fill(gu, gu + I2, 0.0f);
-                const float* W = wgu + int64_t(e) * H * I2;  // (H, 2I)
-                for (int h = 0; h < H; ++h) axpy(xr[h], W + h * I2, gu, int(I2));
-                if (bgu) axpy(1.0f, bgu + e * I2, gu, int(I2));
-                for (int i = 0; i < I; ++i) act[i] = expert_act(gu[2 * i], gu[2 * i + 1], P.swiglu_clamped);
-                const float* D = wd + int64_t(e) * I * H;  // (I, H)
-                for (int i = 0; i < I; ++i) axpy(pe * act[i], D + int64_t(i) * H, y, H);
-                if (bd) axpy(pe, bd + int64_t(e) * H, y, H);
-            } else {
-                const float* W = wgu + int64_t(e) * I2 * H;  // (2I, H): gate rows, then up rows
-                for (int64_t i = 0; i < I2; ++i) gu[i] = dot(W + i * H, xr, H) + (bgu ? bgu[e * I2 + i] : 0.0f);
-                for (int i = 0; i < I; ++i) act[i] = expert_act(gu[i], gu[I + i], P.swiglu_clamped);
-                const float* D = wd + int64_t(e) * H * I;  // (H, I)
-                for (int h = 0; h < H; ++h)
-                    y[h] += pe * (dot(D + int64_t(h) * I, act, I) + (bd ? bd[int64_t(e) * H + h] : 0.0f));
+            expert[r * k + j] = e >= 0 && e < L ? e : -1;  // outside: tensor parallelism's other ranks
+            weight[r * k + j] = float(w[j]);
+        }
+    }
+    std::fill(start, start + L + 1, 0);
+    for (int64_t q = 0; q < int64_t(T) * k; ++q)
+        if (expert[q] >= 0) ++start[expert[q] + 1];
+    for (int e = 0; e < L; ++e) start[e + 1] += start[e];
+    {
+        int32_t* next = start;  // counting sort: start[e] advances while its pairs are placed...
+        for (int64_t q = 0; q < int64_t(T) * k; ++q)
+            if (expert[q] >= 0) order[next[expert[q]]++] = int32_t(q);
+        for (int e = L; e > 0; --e) start[e] = start[e - 1];  // ...so shift it back afterwards
+        start[0] = 0;
+    }
+    for (int r = 0; r < T; ++r) std::fill(out + r * ldo, out + r * ldo + H, 0.0f);
+
+    float* xs = ctx.scratch[0];               // (chunk, H) the expert's tokens
+    float* gu = xs + int64_t(kExpertChunk) * H;     // (chunk, 2I)
+    float* act = gu + int64_t(kExpertChunk) * 2 * I;  // (chunk, I)
+    float* ys = act + int64_t(kExpertChunk) * I;    // (chunk, H)
+    const float* bgu = P.bias_at >= 0 ? static_cast<const float*>(c.weights[P.bias_at]->data) : nullptr;
+    const float* bd = P.bias_at >= 0 ? static_cast<const float*>(c.weights[P.bias_at + 1]->data) : nullptr;
+    for (int e = 0; e < L; ++e)
+        for (int c0 = start[e]; c0 < start[e + 1]; c0 += kExpertChunk) {
+            const int M = std::min(kExpertChunk, start[e + 1] - c0);
+            for (int m = 0; m < M; ++m)
+                std::memcpy(xs + int64_t(m) * H, x + (order[c0 + m] / k) * ldx, sizeof(float) * H);
+            matmul(c, GATE_UP, e, xs, H, M, bgu ? bgu + int64_t(e) * 2 * I : nullptr, gu, 2 * I, ctx.nthreads);
+            for (int m = 0; m < M; ++m) {
+                const float* g = gu + int64_t(m) * 2 * I;
+                float* a = act + int64_t(m) * I;
+                if (P.stacked)  // gate and up interleaved
+                    for (int i = 0; i < I; ++i) a[i] = expert_act(g[2 * i], g[2 * i + 1], P.swiglu_clamped);
+                else
+                    for (int i = 0; i < I; ++i) a[i] = expert_act(g[i], g[I + i], P.swiglu_clamped);
+            }
+            matmul(c, DOWN, e, act, I, M, bd ? bd + int64_t(e) * H : nullptr, ys, H, ctx.nthreads);
+            for (int m = 0; m < M; ++m) {
+                const int q = order[c0 + m];
+                axpy(weight[q], ys + int64_t(m) * H, out + (q / k) * ldo, H);
             }
         }
-        std::copy(y, y + H, out + r * ldo);
+}
+
+void prepare_moe(KernelCall& c, const PlanInfo& p) {
+    MoeParams& P = c.set_params<MoeParams>();
+    prepare_moe_routing(c, p, P, 2);
+    const int64_t L = P.local, I2 = 2 * int64_t(P.I), H = P.H, I = P.I;
+    if (P.stacked) {
+        expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, H, I2});
+        expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L, I, H});
+    } else {
+        expect_weight(c, 0, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * I2, H});
+        expect_weight(c, 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {L * H, I});
     }
+}
+
+void run_moe(const KernelCall& c, const StepContext& ctx) {
+    run_moe_grouped(c, ctx, c.get<MoeParams>(), matmul_f32);
 }
 
 }  // namespace bessemer

@@ -1,0 +1,42 @@
+// The grouped mixture-of-experts driver shared by every expert kernel (moe@1 on fp32 weights,
+// moe_w8a16, moe_w4a16 and moe_mxfp4 on stored codes; plugins/ops.py ref_moe is the reference).
+//
+// A step: route every token (softmax + top-k as transformers does), then a counting sort of
+// the (token, slot) pairs by expert, then per active expert one small GEMM over its tokens
+// for gate/up, the activation, one for down, and y[token] += p * down. So each active
+// expert's weights are read once per step (per kExpertChunk of its tokens), a decode step
+// reads only its routed experts, and the GEMMs split their output rows over the threads
+// (never the reduction). Every kernel variant only supplies ExpertMatmul: how to multiply a
+// block of rows by expert e's gate_up or down matrix in its stored format.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace bessemer {
+
+constexpr int kMoeMaxExperts = 1024;
+constexpr int kExpertChunk = 64;  // tokens of one expert per GEMM: scratch is chunk x (2H + 3I)
+
+struct MoeParams : KernelParams {
+    int E, local, first, k, I, H;
+    bool after_topk, renorm, stacked, swiglu_clamped;
+    int bias_at = -1;  // weight index of gate_up_bias (down_bias follows); -1: no biases
+};
+
+enum ExpertMatrix { GATE_UP = 0, DOWN = 1 };
+
+// y (M, N) = x (M, K) @ W^T (+ bias) for expert e's `which` matrix (gate_up: N = 2I, K = H;
+// down: N = H, K = I), its rows split over nthreads.
+using ExpertMatmul = void (*)(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                              const float* bias, float* y, int64_t ldy, int nthreads);
+
+// Reads the attrs and views every expert kernel shares into P, checks them, and declares the
+// scratch and workspaces run_moe_grouped needs. `matrix_weights`: weights before the
+// optional two biases (2 for fp32, 4 for int8 / mxfp4 codes + scales, ...).
+void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights);
+
+void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, ExpertMatmul matmul);
+
+}  // namespace bessemer

@@ -1,0 +1,63 @@
+"""The cpu target's kernels as data: the graph ops it runs (KERNELS) and, for every stored
+quantization format it reads, the kernel that reads it (QUANT_KERNELS). Read through
+Target.has_kernel / Target.quant_kernel (targets/__init__.py); lowering.py asks the chosen
+row for the kernel's op@version, its parts' layouts and attrs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bessemer.quantization.formats import ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, Mxfp4Experts, W8A8
+
+# plugins/ops.py ops with a C++ kernel in csrc/kernels (split: column views, no kernel;
+# all_reduce / all_gather: the tensor-parallel collectives)
+KERNELS = frozenset({
+    "embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split", "rope",
+    "attention", "rms_norm_heads", "gelu_tanh_mul", "scale", "sigmoid_gate_mul", "moe", "attention_sinks",
+    "all_reduce", "all_gather",
+})
+
+
+@dataclass(frozen=True)
+class QuantKernel:
+    """The cpu kernel that reads weights of one stored format, and its parts' layouts."""
+
+    op: str
+    version: int
+    layouts: dict  # part role -> layout; parts not named are row_major
+    attrs: dict = field(default_factory=dict)
+
+
+def _int4(fmt: Int4Group, shape) -> QuantKernel:
+    # codes as linear_w4a16 reads them fastest: panel16_int4_k8 (two instructions per 32
+    # weights) when K % 8 == 0, else panel16_int4; @3 reads symmetric codes (no offsets)
+    codes = "panel16_int4_k8" if shape[1] % 8 == 0 else "panel16_int4"
+    return QuantKernel("linear_w4a16", 2 if fmt.zero_point else 3,
+                       {"codes": codes, "scales": "panel16", "offsets": "panel16"}, {"group_size": fmt.group_size})
+
+
+def _experts(fmt: ExpertStack, rows: tuple[int, int]) -> QuantKernel:
+    # each expert's matrices in the dense kernels' layouts (moe_quant.cpp runs those kernels
+    # on one expert's panels at a time); int4 K decides k8 per matrix, as for a linear
+    if isinstance(fmt.inner, Int8PerChannel):
+        return QuantKernel("moe_w8a16", 1, {"codes": "panel16"})
+    codes = "panel16_int4_k8" if rows[1] % 8 == 0 else "panel16_int4"
+    return QuantKernel("moe_w4a16", 1, {"codes": codes, "scales": "panel16", "offsets": "panel16"},
+                       {"zero_point": int(fmt.inner.zero_point)})
+
+
+# (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
+# A tied embedding table quantized with lm_head is gathered by embedding_w8a16 from the
+# same int8 panel16 tensors.
+QUANT_KERNELS = {
+    ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("linear_w8a16", 1, {"codes": "panel16"}),
+    ("linear", Int4Group): _int4,
+    ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
+                                                     {"has_smooth": 1} if fmt.smooth else {}),
+    # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one
+    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"}),
+    ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("embedding_w8a16", 1, {"codes": "panel16"}),
+    ("moe", ExpertStack): lambda fmt, shape: _experts(fmt, fmt.rows_shape(shape)),
+    ("moe", Mxfp4Experts): lambda fmt, shape: QuantKernel("moe_mxfp4", 1, {}),
+}

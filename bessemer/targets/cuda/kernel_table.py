@@ -1,0 +1,61 @@
+"""The cuda target's kernels as data: the graph ops it runs (KERNELS) and, for every stored
+quantization format it reads, the Triton kernel that reads it (QUANT_KERNELS). Read through
+Target.has_kernel / Target.quant_kernel (targets/__init__.py); lower.py turns the chosen
+QuantKernel into a launch (its sizes, grid and the split-K workspace are lower.py's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bessemer.errors import InvalidOptionError
+from bessemer.quantization.formats import Fp8E4M3, Int4Group, Int8PerChannel
+
+# plugins/ops.py ops lower.py lowers (split: column views, no launch); no collectives yet
+KERNELS = frozenset({
+    "embedding", "rms_norm", "add_rms_norm", "add", "linear", "silu_mul", "gather_rows", "split", "rope",
+    "attention", "attention_sinks", "rms_norm_heads", "gelu_tanh_mul", "scale", "moe", "sigmoid_gate_mul",
+})
+
+
+@dataclass(frozen=True)
+class QuantKernel:
+    """The Triton kernel (kernels/<family>.py) that reads one stored format's parts."""
+
+    family: str
+    function: str
+    # (kernel parameter, part role, pointer dtype when the format stores no such part: the
+    # parameter is then a null pointer), in kernel order
+    parts: tuple[tuple[str, str, str], ...]
+    constexprs: dict = field(default_factory=dict)
+    max_block: tuple[int, int] = (128, 128)  # the largest (BLOCK_N, BLOCK_K) its GEMM tiles may be
+
+
+_CODES_AND_SCALES = (("codes_ptr", "codes", ""), ("scales_ptr", "scales", ""))
+
+
+def _gemm_w4(fmt: Int4Group, shape) -> QuantKernel:
+    if fmt.group_size % 32:
+        raise InvalidOptionError(f"4-bit groups of {fmt.group_size} (its {shape[1]} input features) are not a "
+                                 "multiple of 32, which the cuda kernels need; use --group-size 32, 64 or 128 "
+                                 "with a model whose widths they divide")
+    scales = next(p.dtype for p in fmt.parts(shape) if p.role == "scales")
+    # a K block lies inside one group; offsets' row sums of x spill at 128 x 128 tiles (sm_90a)
+    return QuantKernel("gemm_quant", "gemm_w4_kernel", _CODES_AND_SCALES + (("offsets_ptr", "offsets", scales),),
+                       dict(GROUP=fmt.group_size, SYMMETRIC=not fmt.zero_point),
+                       (64 if fmt.zero_point else 128, min(64, fmt.group_size)))
+
+
+# (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
+# Weight-only int8 / int4 codes: kernels/gemm_quant.py; fp8: kernels/gemm_fp8.py; a tied
+# embedding table quantized with lm_head: gathered by embedding_w8_kernel from the same parts.
+QUANT_KERNELS = {
+    ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "gemm_w8_kernel", _CODES_AND_SCALES,
+                                                               max_block=(128, 64)),
+    ("linear", Int4Group): _gemm_w4,
+    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel(
+        "gemm_fp8", "gemm_fp8_kernel", _CODES_AND_SCALES + (("input_scale_ptr", "input_scale", "float32"),),
+        dict(DYNAMIC=fmt.dynamic)),
+    ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "embedding_w8_kernel",
+                                                                  _CODES_AND_SCALES),
+}

@@ -1,0 +1,111 @@
+"""Batch invariance on real engines: a request's tokens and logprobs (generated and prompt) are
+bit-identical whether it runs alone, inside random batches of 1..16 other requests of other
+lengths (its prefill next to their decodes, its decodes next to their prefills), after a
+prefix-cache hit on its prompt, or with its prefill cut into chunks by max_num_tokens.
+
+The oracle is the same request run alone on a fresh engine without the prefix cache; the
+tolerance is zero (the kernels fix every reduction order per shape, never per batch:
+targets/cpu/csrc/kernels/linear_driver.h, attention.cpp). bench/batch_invariance.py
+finds the kernel when one of these fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import WIKITEXT, build_once
+
+from bessemer.runtime.llm import LLM
+from bessemer.runtime.sampling_params import SamplingParams
+
+MAX_TOKENS = 6
+NUM_COMPOSITIONS = 2  # random batch compositions per engine
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+
+
+def smollm2_quantized(smollm2_dir, run_dir, mode: str):
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+    from bessemer.quantization.config import QuantConfig
+
+    extra = dict(calib_data=str(WIKITEXT), calib_samples=4, calib_seq_len=64, calib_backend="native") \
+        if mode == "w8a8-sq" else {}
+    config = BuildConfig(dtype="bfloat16", max_seq_len=512, quant=QuantConfig(mode, **extra))
+    return build_once(run_dir, f"invariance-smollm2-{mode}",
+                      lambda out: build_engine(smollm2_dir, out / "engine", config)) / "engine"
+
+
+@pytest.fixture(scope="module", params=[
+    ("smollm2", "float32", "auto"), ("smollm2", "bfloat16", "auto"), ("smollm2", "bfloat16", "avx2"),
+    ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"),
+    ("mistral", "float32", "auto"), ("gemma3", "bfloat16", "auto"),
+], ids=lambda p: "-".join(p))
+def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
+    """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq; tiny Mistral and
+    Gemma 3 (sliding-window layers: blocks of keys starting inside a window)."""
+    family, mode, isa = request.param
+    if family != "smollm2":
+        return tiny_engine(family, mode, kv_block_size=4), isa
+    if mode in ("float32", "bfloat16"):
+        return smollm2_engine(mode), isa
+    return smollm2_quantized(smollm2_dir, run_dir, mode), isa
+
+
+def result(seq) -> tuple:
+    """What must be bit-identical: generated ids, their logprobs, the prompt logprobs."""
+    return seq.output_token_ids, seq.logprobs, seq.prompt_logprobs
+
+
+def run_alone(llm: LLM, prompt: list[int]) -> tuple:
+    out = llm.generate([prompt], GREEDY)[0]
+    return out.outputs[0].token_ids, out.outputs[0].logprobs, out.prompt_logprobs
+
+
+def run_mixed(llm: LLM, target: list[int], others: list[list[int]], rng: np.random.Generator) -> tuple:
+    """`target` joins after a random number of steps of some of `others` (its prefill then
+    shares steps with their decodes), the rest join with it; all run to the end."""
+    split = int(rng.integers(0, len(others) + 1))
+    for ids in others[:split]:
+        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
+    for _ in range(int(rng.integers(0, 4))):
+        llm.step()
+    (mine,) = llm.add_request(target, GREEDY)
+    for ids in others[split:]:
+        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
+    while llm.has_unfinished():
+        llm.step()
+    return result(mine)
+
+
+def prompts(rng: np.random.Generator, vocab: int, n: int, lo: int, hi: int) -> list[list[int]]:
+    return [[int(t) for t in rng.integers(3, vocab, int(rng.integers(lo, hi)))] for _ in range(n)]
+
+
+def test_a_request_is_bit_identical_alone_batched_cached_and_chunked(engine):
+    engine_dir, isa = engine
+    rng = np.random.default_rng(0)
+    fresh = LLM(engine_dir, num_threads=2, isa=isa, enable_prefix_caching=False)
+    vocab = fresh.vocab_size
+    target = prompts(rng, vocab, 1, 35, 45)[0]
+    want = run_alone(fresh, target)
+    assert len(want[0]) == MAX_TOKENS and len(want[1]) == MAX_TOKENS
+
+    # batches: 1..16 others of other lengths, prefill and decode in the same steps
+    for k in rng.choice(np.arange(1, 17), NUM_COMPOSITIONS, replace=False):
+        got = run_mixed(fresh, target, prompts(rng, vocab, int(k), 1, 40), rng)
+        assert got == want, f"alone vs in a batch of {k + 1}"
+
+    # chunked prefill: the prompt over several steps, each chunk reading the earlier ones
+    for chunk in (7, 33):
+        fresh.llm_engine.set_limits(None, chunk)
+        assert run_alone(fresh, target) == want, f"prefill in chunks of {chunk} tokens"
+    fresh.llm_engine.set_limits(None, fresh.max_num_tokens)
+
+    # prefix cache: the same prompt again (a hit on its full blocks), and a prompt sharing its
+    # first 32 tokens, against that prompt alone on an engine without the cache
+    cached = LLM(engine_dir, num_threads=2, isa=isa, enable_prefix_caching=True)
+    assert run_alone(cached, target) == want, "prefix-cache miss"
+    assert run_alone(cached, target) == want, "prefix-cache hit"
+    sibling = target[:32] + prompts(rng, vocab, 1, 5, 10)[0]
+    assert run_alone(cached, sibling) == run_alone(fresh, sibling), "prefix-cache hit on a shared prefix"
