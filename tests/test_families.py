@@ -21,7 +21,7 @@ from tolerances import CALIBRATED_FAMILY_REL_ERROR, CALIBRATED_MOE_REL_ERROR, IN
 from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.input_groups import input_groups
-from bessemer.builder.interpret import interpret
+from bessemer.ir.interpret import interpret
 from bessemer.errors import InvalidOptionError, UnsupportedModelError
 from bessemer.quantization.channel_scales import ChannelScales
 from bessemer.quantization.config import QuantConfig

@@ -5,8 +5,8 @@ import pytest
 
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, Node, WeightRef, verify
-from bessemer.builder.interpret import interpret
+from bessemer.ir.graph import Graph, GraphError, Node, WeightRef, verify
+from bessemer.ir.interpret import interpret
 from bessemer.targets.cpu.lowering import lower
 from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
 from bessemer.builder.passes.fuse_gate_up import fuse_gate_up

@@ -12,11 +12,11 @@ from conftest import llama_input_key, model_graph
 from tolerances import INTERPRETER_ATOL
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, Node, verify
+from bessemer.ir.graph import Graph, GraphError, Node, verify
 from bessemer.builder.input_groups import input_groups, linear_input_keys
-from bessemer.builder.interpret import interpret, interpret_ranks
+from bessemer.ir.interpret import interpret, interpret_ranks
 from bessemer.builder.pipeline import run_passes
-from bessemer.builder.roles import Fusion
+from bessemer.ir.roles import Fusion
 from bessemer.quantization.channel_scales import Fold
 
 OTHER_NAMES = [  # HF Llama module names -> names another family might use

@@ -21,7 +21,7 @@ import pytest
 
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.interpret import interpret, interpret_ranks
+from bessemer.ir.interpret import interpret, interpret_ranks
 from bessemer.builder.pipeline import run_passes
 from bessemer.errors import InvalidOptionError, TensorParallelError
 from bessemer.models.registry import family_for

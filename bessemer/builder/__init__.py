@@ -1,1 +1,1 @@
-"""Builder: IR, passes, lowering and the engine format."""
+"""Builder: the passes, lowering and the build itself (the IR is bessemer.ir)."""

@@ -22,7 +22,7 @@ import bessemer
 from bessemer.builder.calibrate import calibrate
 from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import GraphError
+from bessemer.ir.graph import GraphError
 from bessemer.builder.input_groups import input_groups
 from bessemer.builder.passes.quantize import expert_notes
 from bessemer.builder.pipeline import run_passes
@@ -124,7 +124,7 @@ def _commit_output(tmp: Path, output: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Path, dump_ir):
+def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Path, dump_ir, target):
     try:
         graph = family.build_graph(cfg, ckpt.shapes())
     except (KeyError, GraphError) as e:
@@ -137,7 +137,7 @@ def _rank_graph(family, cfg, ckpt: Checkpoint, build: BuildConfig, model_dir: Pa
     attn = next((n for n in graph.nodes if n.op in ("attention", "attention_sinks")), None)
     kv_heads = int(attn.attrs["num_kv_heads"]) if attn else cfg.num_key_value_heads  # per rank
     kv = kv_cache_section(cfg.num_hidden_layers, kv_heads, cfg.head_dim, build.resolved_kv_dtype)
-    return graph, applied, get_target(build.target).lower(graph, build, kv)
+    return graph, applied, target.lower(graph, build, kv)
 
 
 def _time_left(elapsed: float, done: int, total: int) -> str:
@@ -148,15 +148,15 @@ def _time_left(elapsed: float, done: int, total: int) -> str:
     return f", about {elapsed * (total - done) / done:.0f}s left"
 
 
-def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress) -> dict:
-    """Builds and writes rank{build.tp_rank}.engine into tmp; returns what config.json and
-    the build report need about it. Opens its own checkpoint (it may run in a child)."""
+def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress, target,
+                rank_graph: tuple) -> dict:
+    """Writes rank{build.tp_rank}.engine into tmp from its lowered graph (rank_graph: what
+    _rank_graph returned for it); returns what config.json and the build report need about it.
+    Opens its own checkpoint (it may run in a forked child)."""
     t = time.perf_counter()
     rank = build.tp_rank
     ckpt = Checkpoint(model_dir)
-    family = family_for(ckpt.config)
-    cfg = family.config_from_hf(ckpt.config)
-    graph, applied, lowered = _rank_graph(family, cfg, ckpt, build, model_dir, None)
+    graph, applied, lowered = rank_graph
     specs = lowered.tensors
     done = [0, 0]
     prefix = f"rank {rank}: " if build.tp_size > 1 else ""
@@ -168,7 +168,6 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
             say(f"{prefix}packing weights: {done[1]}/{len(entries)} tensors, {done[0] / 2**20:.0f}/{total / 2**20:.0f} MiB"
                 + _time_left(time.perf_counter() - t_pack, done[0], total))
 
-    target = get_target(build.target)
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
               **target.header_fields(build), "plan": lowered.plan}
     source = WeightSource(ckpt, graph.constants, calibration)
@@ -191,7 +190,7 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
 
 
 def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress,
-                 workers: int) -> list[dict]:
+                 workers: int, target, rank_graphs: list[tuple]) -> list[dict]:
     builds = [replace(build, tp_rank=r) for r in range(build.tp_size)]
     if calibration is not None and workers > 1:
         # calibration ran torch's thread pools in this process; a forked child that uses
@@ -200,11 +199,12 @@ def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, sa
             "uncalibrated builds)")
         workers = 1
     if workers <= 1 or build.tp_size == 1:
-        return [_write_rank(model_dir, b, tmp, calibration, say) for b in builds]
+        return [_write_rank(model_dir, b, tmp, calibration, say, target, rank_graphs[b.tp_rank]) for b in builds]
     from bessemer.builder.parallel_build import run_forked
 
     # forked children inherit the calibration result (Hessians, AWQ scales) without a copy
-    return run_forked([lambda b=b: _write_rank(model_dir, b, tmp, calibration, say) for b in builds], workers)
+    return run_forked([lambda b=b: _write_rank(model_dir, b, tmp, calibration, say, target, rank_graphs[b.tp_rank])
+                       for b in builds], workers)
 
 
 def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
@@ -230,9 +230,14 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
 
     # Every rank's graph is checked (and dumped) before any calibration or packing starts,
     # so a bad --tp fails in a second with nothing written.
+    # Each rank's graph is built, passed and lowered once, here; the writers (maybe forked
+    # children) take it from rank_graphs. The target is resolved once for the whole build.
     t = time.perf_counter()
+    target = get_target(build.target)
+    rank_graphs = []
     for r in range(build.tp_size):
-        graph, applied, lowered = _rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir)
+        rank_graphs.append(_rank_graph(family, cfg, ckpt, replace(build, tp_rank=r), model_dir, dump_ir, target))
+        graph, applied, lowered = rank_graphs[-1]
         if r == 0:
             say(f"graph: {len(graph.nodes)} nodes after {', '.join(applied) or 'no passes'}; "
                 f"plan: {lowered.summary}"
@@ -257,7 +262,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     tmp = _prepare_output(output)
     try:
         t = time.perf_counter()
-        ranks = _write_ranks(model_dir, build, tmp, calibration, say, workers)
+        ranks = _write_ranks(model_dir, build, tmp, calibration, say, workers, target, rank_graphs)
         timings["pack_and_write"] = time.perf_counter() - t
 
         copied = [name for name in TOKENIZER_FILES if (model_dir / name).exists()]
@@ -267,7 +272,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         config = {
             "bessemer_format": {"major": container.FORMAT_MAJOR, "minor": container.FORMAT_MINOR},
             "bessemer_version": bessemer.__version__,
-            "target": build.target, **get_target(build.target).header_fields(build),
+            "target": build.target, **target.header_fields(build),
             "model": cfg.to_json(), "build": build.to_json(),
             "quant": build.quant.to_json() if build.quant else None,
             "mapping": {"tp_size": n, "pp_size": 1, "world_size": n},

@@ -17,7 +17,7 @@ weight of its group, calibrated on its own HF module's input.
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph, GraphError, Node
+from bessemer.ir.graph import Graph, GraphError, Node
 from bessemer.plugins.ops import OPS
 from bessemer.quantization.channel_scales import Fold, InputGroup
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from bessemer.builder.graph import Graph, GraphError, Node
+from bessemer.ir.graph import Graph, GraphError, Node
 from bessemer.format.plan import Buffer, KernelCall, View
 from bessemer.plugins.ops import OPS
 

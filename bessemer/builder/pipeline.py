@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, format_graph, verify
+from bessemer.ir.graph import Graph, GraphError, format_graph, verify
 from bessemer.builder.passes.fuse_add_rmsnorm import fuse_add_rmsnorm
 from bessemer.builder.passes.fuse_gate_up import fuse_gate_up
 from bessemer.builder.passes.fuse_qkv import fuse_qkv
@@ -33,7 +33,7 @@ def phases(build: BuildConfig) -> list[tuple[str, list[Pass]]]:
 
 def check_target(graph: Graph, target: str) -> None:
     """Refuses a graph with an op that `target` has no kernel for yet (declared with its
-    reference in plugins/ops.py, so builder/interpret.py already runs such graphs)."""
+    reference in plugins/ops.py, so ir/interpret.py already runs such graphs)."""
     has_kernel = get_target(target).has_kernel
     missing = sorted({n.op for n in graph.nodes if not has_kernel(n.op)})
     if missing:
@@ -44,7 +44,7 @@ def check_target(graph: Graph, target: str) -> None:
 
 def run_passes(graph: Graph, build: BuildConfig, dump_dir: Path | None = None,
                lowered: bool = True) -> tuple[Graph, list[str]]:
-    """lowered=False: the graph is only interpreted (builder/interpret.py), so ops without a
+    """lowered=False: the graph is only interpreted (ir/interpret.py), so ops without a
     kernel on build.target are fine."""
     graph = verify(graph)
     applied: list[str] = []

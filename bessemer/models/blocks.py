@@ -4,14 +4,14 @@ Families differ by config (biases, tied embeddings, RoPE variant, sliding window
 norm placement, multipliers, experts), never by forked copies of this code. Node names are HF
 module paths; weights are HF tensor names, or row ranges of one (a checkpoint that stores
 q/k/v or gate/up packed in one tensor gives a packing table: the linears stay separate and
-the fusion passes re-fuse them). Each linear gets its role here (builder/roles.py: how tensor
+the fusion passes re-fuse them). Each linear gets its role here (ir/roles.py: how tensor
 parallelism splits it, which fusion group it joins), so passes never infer structure from
 module names.
 """
 
 from __future__ import annotations
 
-from bessemer.builder import roles
+from bessemer.ir import roles
 from bessemer.models.config import ModelConfig
 from bessemer.models.graph_builder import GraphBuilder
 from bessemer.plugins.ops import moe_weight_shapes

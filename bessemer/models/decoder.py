@@ -3,8 +3,8 @@ norms and residual add) -> norm -> lm_head, shaped by ModelConfig (models/blocks
 
 from __future__ import annotations
 
-from bessemer.builder import roles
-from bessemer.builder.graph import Graph
+from bessemer.ir import roles
+from bessemer.ir.graph import Graph
 from bessemer.models.blocks import attention_block, gated_mlp, rms_norm, scale, sparse_moe
 from bessemer.models.config import ModelConfig
 from bessemer.models.graph_builder import GraphBuilder

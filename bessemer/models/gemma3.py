@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.errors import UnsupportedModelError
 from bessemer.models import llama
 from bessemer.models.config import ModelConfig, rope_parameters_from_hf

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.errors import UnsupportedModelError
 from bessemer.models import llama
 from bessemer.models.config import ModelConfig

@@ -4,7 +4,7 @@ attention_multiplier as the softmax scale, and logits divided by logits_scaling.
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.config import ModelConfig
 from bessemer.models.decoder import decoder_graph

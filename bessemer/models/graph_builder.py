@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bessemer.builder import roles
-from bessemer.builder.graph import Graph, Node, WeightRef, verify
+from bessemer.ir import roles
+from bessemer.ir.graph import Graph, Node, WeightRef, verify
 from bessemer.models.checks import check_tensors_used
 from bessemer.models.config import ModelConfig
 

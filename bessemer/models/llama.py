@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.errors import UnsupportedModelError
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.checks import check_math_fields

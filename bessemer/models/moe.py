@@ -5,7 +5,7 @@ the routed experts' weights."""
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama, qwen3
 from bessemer.models.config import ModelConfig, layer_windows
 from bessemer.models.decoder import QWEN_MOE_NAMES, decoder_graph

@@ -3,7 +3,7 @@ and norms on each block's output (x + norm(attention(x)), x + norm(mlp(x))), non
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig

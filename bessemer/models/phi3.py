@@ -8,7 +8,7 @@ q/k/v and gate/up linears, which the fusion passes fuse back into one GEMM each.
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig, rope_parameters_from_hf

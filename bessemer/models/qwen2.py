@@ -3,7 +3,7 @@ SeedOssForCausalLM is the same maths with its own bias switches (models/seed_oss
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig, layer_windows

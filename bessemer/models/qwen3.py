@@ -3,7 +3,7 @@ each head of q and k RMS-normalised before RoPE (q_norm, k_norm: one (head_dim,)
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.config import ModelConfig, layer_windows
 from bessemer.models.decoder import decoder_graph

@@ -3,7 +3,7 @@ q/k/v (attention_bias), o_proj (attention_out_bias) and the MLP (mlp_bias)."""
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig

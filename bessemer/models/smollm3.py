@@ -3,7 +3,7 @@ RoPE (HF's no_rope_layers: 1 = rotates, 0 = NoPE), with Qwen-style optional wind
 
 from __future__ import annotations
 
-from bessemer.builder.graph import Graph
+from bessemer.ir.graph import Graph
 from bessemer.models import llama
 from bessemer.models.decoder import decoder_graph
 from bessemer.models.config import ModelConfig, layer_windows

@@ -2,7 +2,7 @@
 which outputs may be computed in place, and a NumPy reference implementation.
 
 The references are the oracle for the C++ kernels (tests/test_kernels.py) and power the
-graph interpreter (builder/interpret.py) used to test passes. Shapes: every value is a
+graph interpreter (ir/interpret.py) used to test passes. Shapes: every value is a
 matrix (rows, width) whose rows are the step's tokens ("tokens") or the rows selected for
 logits ("selected").
 """

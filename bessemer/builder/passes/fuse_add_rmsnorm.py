@@ -7,7 +7,7 @@ kernel writes the sum in place over the old residual when that value dies there.
 from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, Node
+from bessemer.ir.graph import Graph, Node
 
 
 def fuse_add_rmsnorm(graph: Graph, build: BuildConfig) -> Graph:

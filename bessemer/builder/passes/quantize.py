@@ -23,7 +23,7 @@ from dataclasses import replace
 from fnmatch import fnmatch
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, Node
+from bessemer.ir.graph import Graph, Node
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, weight_format
 from bessemer.targets import get_target

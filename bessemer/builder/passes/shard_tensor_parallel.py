@@ -1,6 +1,6 @@
 """shard_tensor_parallel: rewrites the graph into what rank `build.tp_rank` of `build.tp_size`
 computes (Megatron-style tensor parallelism, applied to an unchanged model as a transform).
-Each linear's role (builder/roles.py, set by the model file) says how it splits; names are
+Each linear's role (ir/roles.py, set by the model file) says how it splits; names are
 never read. For a Llama-like layer:
 
 - Column split (output rows) of q/k/v (fused or not) by heads (rank_heads): whole KV
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
-from bessemer.builder.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB, WHOLE
+from bessemer.ir.graph import Graph, GraphError, Node, WeightRef
+from bessemer.ir.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB, WHOLE
 from bessemer.errors import InvalidOptionError
 from bessemer.plugins.ops import shard_range
 
@@ -235,7 +235,7 @@ def shard_tensor_parallel(graph: Graph, build: BuildConfig) -> Graph:
             renames[out] = gathered
         elif node.op == "linear":
             raise GraphError(f"{node.name}: this linear has no role saying how tensor parallelism splits it "
-                             "(set one in its model file, builder/roles.py)")
+                             "(set one in its model file, ir/roles.py)")
         elif node.op == "split" and node.inputs[0] in new_widths:
             nodes.append(replace(node, attrs=dict(node.attrs, sizes=new_widths[node.inputs[0]])))
             whole.update(o for o, w in zip(node.outputs, whole_parts[node.inputs[0]]) if w)

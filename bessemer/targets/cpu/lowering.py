@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
+from bessemer.ir.graph import Graph, GraphError, Node, WeightRef
 from bessemer.builder.lower import TensorSpec, plan_calls, plan_memory
 from bessemer.errors import InvalidOptionError
 from bessemer.format.plan import ExecutionPlan

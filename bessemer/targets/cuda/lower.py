@@ -15,7 +15,7 @@ model as constexprs; what differs from the cpu plan:
 from __future__ import annotations
 
 from bessemer.builder.config import BuildConfig
-from bessemer.builder.graph import Graph, GraphError
+from bessemer.ir.graph import Graph, GraphError
 from bessemer.builder.lower import TensorSpec, plan_memory
 from bessemer.format.plan import ROWS_SELECTED
 from bessemer.errors import InvalidOptionError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bessemer.builder.graph import Graph, infer_shapes
+from bessemer.ir.graph import Graph, infer_shapes
 from bessemer.plugins import ops
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bessemer.builder.roles import LinearRole
+from bessemer.ir.roles import LinearRole
 from bessemer.plugins.ops import OPS
 
 
@@ -62,7 +62,7 @@ class Node:
     outputs: tuple[str, ...]
     weights: tuple[WeightRef | None, ...] = ()  # by the op's weight roles; None = absent optional
     attrs: dict = field(default_factory=dict)
-    # What a linear is in its model (builder/roles.py), set by the model file; passes that
+    # What a linear is in its model (ir/roles.py), set by the model file; passes that
     # split or fuse linears read it instead of the node's name.
     role: LinearRole | None = None
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bessemer.builder.graph import Graph, GraphError, Node, WeightRef
-from bessemer.builder.roles import LinearRole
+from bessemer.ir.graph import Graph, GraphError, Node, WeightRef
+from bessemer.ir.roles import LinearRole
 
 
 def _concat(name: str, refs: list[WeightRef], shapes: dict) -> WeightRef:
@@ -19,7 +19,7 @@ def _concat(name: str, refs: list[WeightRef], shapes: dict) -> WeightRef:
 
 
 def fuse_sibling_linears(graph: Graph, kind: str) -> Graph:
-    """Fuses the linears whose role names one fusion group of `kind` (builder/roles.py) and
+    """Fuses the linears whose role names one fusion group of `kind` (ir/roles.py) and
     that read the same input into one linear named by the group, followed by a `split`
     whose outputs keep the members' value names; members in graph order are its parts.
 
