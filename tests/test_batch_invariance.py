@@ -36,6 +36,15 @@ def smollm2_quantized(smollm2_dir, run_dir, mode: str):
                       lambda out: build_engine(smollm2_dir, out / "engine", config)) / "engine"
 
 
+def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
+    family, mode, isa = param
+    if family != "smollm2":
+        return tiny_engine(family, mode, kv_block_size=4), isa
+    if mode in ("float32", "bfloat16"):
+        return smollm2_engine(mode), isa
+    return smollm2_quantized(smollm2_dir, run_dir, mode), isa
+
+
 @pytest.fixture(scope="module", params=[
     ("smollm2", "float32", "auto"), ("smollm2", "bfloat16", "auto"), ("smollm2", "bfloat16", "avx2"),
     ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"),
@@ -44,12 +53,16 @@ def smollm2_quantized(smollm2_dir, run_dir, mode: str):
 def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq; tiny Mistral and
     Gemma 3 (sliding-window layers: blocks of keys starting inside a window)."""
-    family, mode, isa = request.param
-    if family != "smollm2":
-        return tiny_engine(family, mode, kv_block_size=4), isa
-    if mode in ("float32", "bfloat16"):
-        return smollm2_engine(mode), isa
-    return smollm2_quantized(smollm2_dir, run_dir, mode), isa
+    return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
+
+
+@pytest.fixture(scope="module", params=[
+    ("smollm2", "bfloat16", "auto"), ("gemma3", "bfloat16", "auto"),
+], ids=lambda p: "-".join(p))
+def long_engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
+    """SmolLM2 bf16 and tiny Gemma 3 (a full-attention layer past one key block, sliding ones
+    inside it) for prompts longer than one attention key block."""
+    return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
 
 
 def result(seq) -> tuple:
@@ -109,3 +122,19 @@ def test_a_request_is_bit_identical_alone_batched_cached_and_chunked(engine):
     assert run_alone(cached, target) == want, "prefix-cache hit"
     sibling = target[:32] + prompts(rng, vocab, 1, 5, 10)[0]
     assert run_alone(cached, sibling) == run_alone(fresh, sibling), "prefix-cache hit on a shared prefix"
+
+
+def test_a_long_request_is_bit_identical_alone_batched_and_chunked(long_engine):
+    """Prompts of 3-4 attention key blocks (64 keys each, attention.cpp): past the first block
+    a row's result must still not depend on its batch (alone vs with 4 others) or on its
+    prefill's chunks (2 tokens: the decode-row path; 33: the tiles)."""
+    engine_dir, isa = long_engine
+    rng = np.random.default_rng(1)
+    llm = LLM(engine_dir, num_threads=2, isa=isa, enable_prefix_caching=False)
+    target = prompts(rng, llm.vocab_size, 1, 150, 200)[0]
+    want = run_alone(llm, target)
+    got = run_mixed(llm, target, prompts(rng, llm.vocab_size, 4, 1, 40), rng)
+    assert got == want, "alone vs in a batch of 5"
+    for chunk in (2, 33):
+        llm.llm_engine.set_limits(None, chunk)
+        assert run_alone(llm, target) == want, f"prefill in chunks of {chunk} tokens"

@@ -152,6 +152,11 @@ def test_errors_and_speculation_metrics(server, smollm2_engine):
                                              "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                     key=None)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    # a prompt that repeats itself gives the n-gram proposer matches, whatever ran before
+    # on this server (tests may run in any order, on any xdist worker)
+    count = "one two three four five six seven eight nine ten " * 4
+    r = server.post("/v1/completions", {"prompt": count, "max_tokens": 24, "temperature": 0}, key=None)
+    assert r.status_code == 200
     metrics = server.metrics()
     assert metrics["bessemer_spec_decode_num_draft_tokens_total"] > 0
     assert 0 <= metrics["bessemer_spec_decode_draft_acceptance_rate"] <= 1

@@ -36,8 +36,10 @@ def _env(**extra) -> dict:
 @pytest.mark.slow
 def test_rehearsal_runs_every_stage_and_reports_what_a_cpu_cannot_measure(tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run([str(HERE / "check.sh"), "--rehearse"], cwd=tmp_path, capture_output=True, text=True,
-                         env=_env(OUT=str(out), WORK=str(tmp_path / "work")), timeout=600)
+    # the stage limits are the H200's; the interpreted 135m comparisons on a CI machine whose
+    # other test worker is busy take up to ~2x their 60 s
+    run = subprocess.run([str(HERE / "check.sh"), "--rehearse", "--stage-limit", "correctness=240"], cwd=tmp_path,
+                         capture_output=True, text=True, env=_env(OUT=str(out), WORK=str(tmp_path / "work")), timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["rehearsal"] is True
@@ -126,10 +128,14 @@ def _check_py(tmp_path, fake_driver, *args) -> tuple[subprocess.CompletedProcess
 def test_a_budget_too_short_skips_stages_and_still_writes_the_results(tmp_path, fake_driver):
     run, stages = _check_py(tmp_path, fake_driver, "--budget-s", "5.5")
     assert "error" not in stages["environment"] and "skipped" not in stages["environment"]
-    assert "s left, the stage needs" in stages["checkpoint-135m"]["skipped"]
+    if "cut" in stages["environment"]:  # a loaded machine: importing torch alone can take 5.5 s
+        assert stages["checkpoint-135m"]["skipped"] == "needs environment, which did not complete"
+    else:
+        assert "s left, the stage needs" in stages["checkpoint-135m"]["skipped"]
     assert stages["build-135m"]["skipped"] == "needs checkpoint-135m, which did not complete"
     assert all("skipped" in stages[name] for name in STAGES[1:])
-    assert re.search(r"stage checkpoint-135m +skipped", run.stdout) and "SKIPPED (only" in run.stdout
+    assert re.search(r"stage checkpoint-135m +skipped", run.stdout)
+    assert "cut" in stages["environment"] or "SKIPPED (only" in run.stdout
 
 
 def test_a_stage_past_its_limit_is_cut_and_the_run_goes_on(tmp_path, fake_driver):
