@@ -20,6 +20,7 @@ import numpy as np
 
 from bessemer.errors import BessemerError
 from bessemer.format import container
+from bessemer.format.kv import blocks_needed
 from bessemer.format.step import StepBatch
 
 # ops whose HF module output is the node's value (other ops are matched through consumers)
@@ -117,8 +118,7 @@ def reference_value(node, graph, hf: dict) -> np.ndarray | None:
 def run_prefix(engine, step: int, ids: list[int], workdir: Path) -> np.ndarray:
     """The output of plan step `step` for one prompt, computed by the engine's kernels (see
     prefix_executor)."""
-    bs = int(engine.build["kv_block_size"])
-    blocks = -(-len(ids) // bs)
+    blocks = blocks_needed(len(ids), int(engine.build["kv_block_size"]))
     made = prefix_executor(engine, step, blocks + 1, workdir)
     if made is None:
         return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.errors import DeviceError, InvalidOptionError, RequestError
+from bessemer.format.kv import blocks_needed
 from bessemer.format.step import StepBatch
 from bessemer.runtime.executor import ExecutorInfo, SamplingRows
 from bessemer.targets.cuda.device import native, open_device, translate
@@ -87,7 +88,7 @@ class CudaExecutor:
             # the rank file is read and checked by the engine contract's reader (format/csrc)
             self._ex = native().Executor(self.device, str(rank_file), upload_chunk_bytes, progress)
             free = self.device.info()["free_bytes"]
-            per_seq = -(-int(build["max_seq_len"]) // int(build["kv_block_size"]))
+            per_seq = blocks_needed(int(build["max_seq_len"]), int(build["kv_block_size"]))
             self.num_kv_blocks = kv_cache_blocks(self._ex.kv_bytes_per_block, free, info["total_bytes"], kv_cache_gib,
                                                  gpu_memory_utilization, per_seq,
                                                  per_seq * int(build["max_batch_size"]))
