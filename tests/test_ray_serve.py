@@ -95,6 +95,9 @@ def engine_replica_pids() -> list[int]:
     return [int(line.split()[0]) for line in ps.splitlines() if "ray::ServeReplica:bessemer:bessemer-engine" in line]
 
 
+MAX_BODY = 65536  # --max-request-bytes: the ingress refuses larger bodies before forwarding them
+
+
 class Replicas:
     """`bessemer serve ENGINE --replicas 2 --threads 1` as a subprocess (it starts its own Ray cluster)."""
 
@@ -104,7 +107,8 @@ class Replicas:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bessemer.cli.main", "serve", str(engine), "--replicas", "2", "--threads", "1",
-             "--port", self.url.rsplit(":", 1)[1], "--model-name", MODEL, "--api-key", KEY],
+             "--port", self.url.rsplit(":", 1)[1], "--model-name", MODEL, "--api-key", KEY,
+             "--max-request-bytes", str(MAX_BODY)],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def health(self) -> tuple[int, dict]:
@@ -224,6 +228,23 @@ def test_streaming_and_api_keys_as_on_one_server(replicas):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
     replica, status, text = replicas.post("/v1/completions", {"prompt": "One, two,", "max_tokens": 4}, stream=True)
     assert status == 200 and replica and text.rstrip().endswith("data: [DONE]")
+
+
+def test_an_oversized_body_is_refused_with_413_through_the_ingress(replicas):
+    headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    big = json.dumps({"model": MODEL, "prompt": "x" * (2 * MAX_BODY), "max_tokens": 1}).encode()
+    r = httpx.post(f"{replicas.url}/v1/completions", content=big, headers=headers, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(4):
+            yield b"x" * MAX_BODY
+
+    r = httpx.post(f"{replicas.url}/v1/completions", content=chunked(), headers=headers, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    ok = httpx.post(f"{replicas.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    assert ok.status_code == 200
 
 
 @pytest.mark.slow

@@ -56,7 +56,7 @@ def build_application(engine_dir: str, num_replicas: int = 2, num_threads: int |
                                max_ongoing_requests=max(1000, num_replicas * max_ongoing_requests * 2))
     engine = replica.bind(engine_dir, model_name, app_options, chat_template,
                           {**(engine_options or {}), "num_threads": threads})
-    return ingress.bind(engine, num_replicas, limits.max_body_bytes)
+    return ingress.bind(engine, num_replicas, limits)
 
 
 def from_args(args: dict):

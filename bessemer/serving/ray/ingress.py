@@ -17,6 +17,9 @@ import json
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from bessemer.serving.api_error import error_body
+from bessemer.serving.body import read_body
+from bessemer.serving.limits import ServerLimits
+from bessemer.serving.protocol import ApiError
 from bessemer.serving.ray.merged_metrics import merge_metrics
 from bessemer.serving.ray.replica import REPLICA_HEADER
 from bessemer.serving.ray.routing_key import RoutedCall, prefix_hashes, prompt_text
@@ -32,18 +35,22 @@ def _replica_lost(e: Exception) -> str:
 
 
 class Ingress:
-    def __init__(self, engine, num_replicas: int, max_body_bytes: int):
+    def __init__(self, engine, num_replicas: int, limits: ServerLimits):
         """`engine`: a handle to the EngineReplica deployment; `num_replicas`: how many the
-        fan-out asks (the deployment's count); bodies over `max_body_bytes` are forwarded
-        without a prefix key (the replica answers 413)."""
+        fan-out asks (the deployment's count); `limits`: the replicas' ServerLimits, whose
+        body size and time bounds the ingress applies while it reads a body (413 / 408 before
+        a byte is forwarded, and a body it refuses is never buffered whole here)."""
         self.engine = engine.options(stream=True)
         self.num_replicas = num_replicas
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
 
     async def __call__(self, request) -> Response:
         scope = {k: request.scope[k] for k in _SCOPE_KEYS if k in request.scope}
         scope["asgi"] = {"version": "3.0", "spec_version": "2.3"}  # 2.3: the app listens for disconnects
-        body = await request.body()
+        try:
+            body = await read_body(request, self.limits)
+        except ApiError as e:
+            return JSONResponse(e.body(), status_code=e.status)
         path = scope["path"]
         if path in ("/health", "/metrics") and scope["method"] == "GET":
             answers = await self._fan_out(RoutedCall(scope, body))
@@ -54,8 +61,7 @@ class Ingress:
                 status, text = next(iter(answers.values()))
                 return PlainTextResponse(text, status_code=status)
             return PlainTextResponse(merge_metrics(texts), media_type="text/plain; version=0.0.4")
-        key = prefix_hashes(prompt_text(path, body)) if len(body) <= self.max_body_bytes else ()
-        return _Forwarded(self.engine, RoutedCall(scope, body, key))
+        return _Forwarded(self.engine, RoutedCall(scope, body, prefix_hashes(prompt_text(path, body))))
 
     async def _fan_out(self, call: RoutedCall) -> dict[str, tuple[int, str]]:
         """Each replica's (status, body), by replica id."""
