@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from ports import free_port  # noqa: E402
 from bessemer.serving.ray.merged_metrics import merge_metrics  # noqa: E402
 from bessemer.serving.ray.routing_key import BLOCK_CHARS, prefix_hashes, prompt_text  # noqa: E402
 
@@ -83,12 +83,6 @@ def test_bad_replica_flags_fail_before_the_engine_loads(flags, message, tmp_path
 
 
 # ---- a local Ray cluster with two replicas ----
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def engine_replica_pids() -> list[int]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout

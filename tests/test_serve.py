@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ports import free_port
 from tolerances import PREEMPTION_TIE_MARGIN
 
 openai = pytest.importorskip("openai")
@@ -32,27 +32,33 @@ MODEL = "smollm2"
 KEY = "test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
+    BIND_RETRIES = 5  # another process may take the port between free_port() and the server's bind
+
     def __init__(self, engine, log_path, *flags: str):
+        self.engine, self.flags = engine, flags
+        self.log_path = log_path
+        self.key = KEY if "--api-key" in flags else "unused"
+        self.binds_left = self.BIND_RETRIES
+        self.start()
+
+    def start(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w")
+        self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bessemer.cli.main", "serve", str(engine), "--port", str(self.port),
-             "--model-name", MODEL, "--log-level", "warning", *flags],
+            [sys.executable, "-m", "bessemer.cli.main", "serve", str(self.engine), "--port", str(self.port),
+             "--model-name", MODEL, "--log-level", "warning", *self.flags],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.key = KEY if "--api-key" in flags else "unused"
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None and "address already in use" in self.log_path.read_text() \
+                    and self.binds_left > 0:
+                self.binds_left -= 1
+                self.start()
+                continue
             assert self.proc.poll() is None, f"server exited {self.proc.returncode}:\n{self.log_path.read_text()}"
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
