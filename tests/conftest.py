@@ -262,12 +262,20 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+# A test that needs the real SmolLM2 (its checkpoint, or an engine built from it) builds or
+# loads a 135M model: seconds to minutes on 2 cores. `make check` leaves them to `make test`;
+# the tiny-checkpoint oracles of every family, kernel, format and pass stay in the edit loop.
+REAL_MODEL_FIXTURES = {"smollm2_dir", "smollm2_engine"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` (make test), the tests of a module that use one of its
     module-scoped fixtures (a server, an engine, a perplexity baseline) run on one worker,
     which sets that fixture up once; every other test goes to whichever worker is free."""
     for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         fixture_defs = getattr(item, "_fixtureinfo", None)
         if fixture_defs and any(defs[-1].scope == "module" for defs in fixture_defs.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

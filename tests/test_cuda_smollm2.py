@@ -101,6 +101,7 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
             assert split_k_seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fp8"])
 def test_quantized_kv_cache_cubins_pass_the_checks(kind, tmp_path, kernel_cache):
     """--kv-cache-dtype fp8: the cache-writing and attention cubins (codes and scales) pass
@@ -128,6 +129,7 @@ def test_quantized_kv_cache_cubins_pass_the_checks(kind, tmp_path, kernel_cache)
             assert "HGMMA" in k["tensor_core_ops"], k["tensor_core_ops"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt-oss", "qwen2-moe"])
 def test_moe_and_attention_sinks_cubins_pass_the_checks(kind, tiny_checkpoint, tmp_path, kernel_cache):
     """The mixture-of-experts families for --target cuda: every cubin (routing, expert gate/up

@@ -3,6 +3,7 @@
 import subprocess
 
 import numpy as np
+import pytest
 
 from bessemer.artifacts.diff import diff_engine
 
@@ -14,6 +15,7 @@ def _diff(engine, reference, *extra):
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_engine_matches_its_checkpoint_node_by_node(tiny_checkpoint, tiny_engine):
     r = _diff(tiny_engine("qwen2"), tiny_checkpoint("qwen2"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -26,6 +28,7 @@ def test_engine_matches_its_checkpoint_node_by_node(tiny_checkpoint, tiny_engine
     assert rtol == 1e-4 and max(r.rel_error for r in compared) <= rtol
 
 
+@pytest.mark.slow
 def test_first_diverging_node_is_the_wrong_tensor(tiny_checkpoint, tiny_engine, tmp_path):
     """The engine against a checkpoint that differs in one tensor: nodes before it agree, the
     first that reads it is named."""

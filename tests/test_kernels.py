@@ -646,7 +646,7 @@ def test_attention_sliding_window(tmp_path, isa, bs):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "float8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", pytest.param("float8_e4m3", marks=pytest.mark.slow)])  # fp8: its reference decodes slowly
 def test_attention_long_context(tmp_path, isa, kv_dtype):
     case = AttnCase(tmp_path, isa, 2, 1, 64, block_size=16, kv_dtype=kv_dtype, seq_max=(1100,), num_blocks=72,
                     seed=3)
@@ -692,7 +692,7 @@ def test_attention_missing_block_rejected(tmp_path):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8", "float8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8", pytest.param("float8_e4m3", marks=pytest.mark.slow)])
 def test_attention_decode_split(tmp_path, isa, threads, kv_dtype):
     """Decode rows of a long and a short sequence: few (row, KV head) units, so the key
     range is split across threads (some chunks of the short row are empty)."""

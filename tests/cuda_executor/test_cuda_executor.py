@@ -188,8 +188,9 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
     return json.loads((tmp_path / "out.json").read_text())
 
 
-@pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None), (KIND, None, "w4a16"),
-                                           ("gpt-oss", None, None)])
+@pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None),
+                                           pytest.param(KIND, None, "w4a16", marks=pytest.mark.slow),
+                                           pytest.param("gpt-oss", None, None, marks=pytest.mark.slow)])
 def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, fake_cuda, tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
