@@ -1,6 +1,6 @@
 """Bessemer side by side with llama.cpp, onnxruntime-genai and HF transformers on SmolLM2.
 
-    python bench/compare.py [--model DIR] [--systems PATTERNS] [--workloads W,..]
+    python bench/compare.py [--model DIR | --shape 1b|3b|8b] [--systems PATTERNS] [--workloads W,..]
                             [--repeats 3] [--quick] [--threads 2] [--out bench/results]
 
 Every system gets the same prompts as the same token ids (tokenized once with the
@@ -46,6 +46,8 @@ if str(REPO) not in sys.path:  # this tree's bessemer, not whatever is installed
 
 import compare_core as core  # noqa: E402
 import compare_setup as setup  # noqa: E402
+import make_shape_checkpoint  # noqa: E402
+from make_shape_checkpoint import SHAPES  # noqa: E402
 
 MAX_SEQ_LEN = 2304  # the long workload: 2048 + 128, rounded up to KV blocks
 KV_CACHE_GIB = "0.25"  # plenty for 16 x 128 or 1 x 2176 tokens; keeps 6 engines' RSS small
@@ -351,7 +353,11 @@ def default_model() -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="HF checkpoint directory [default: the cached SmolLM2]")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--model", type=Path, help="HF checkpoint directory [default: the cached SmolLM2]")
+    which.add_argument("--shape", choices=sorted(SHAPES),
+                       help="a random-weight checkpoint at a real model's widths (bench/make_shape_checkpoint.py, "
+                            "made once and cached; SmolLM2's tokenizer), with its GGUF/ONNX anchors")
     ap.add_argument("--systems", help="comma-separated names or patterns, e.g. 'bessemer-w4a16*,llamacpp-q4_0'")
     ap.add_argument("--workloads", help=f"comma-separated subset of {','.join(core.WORKLOADS)}")
     ap.add_argument("--repeats", type=int, default=3)
@@ -374,7 +380,7 @@ def main() -> None:
     if args.repeats < 1 or args.threads < 1:
         raise SystemExit("error: --repeats and --threads must be at least 1")
     t0 = time.time()
-    model = args.model or default_model()
+    model = args.model or (make_shape_checkpoint.make(args.shape) if args.shape else default_model())
     if not (model / "config.json").exists():
         raise SystemExit(f"error: {model} is not a HF checkpoint (no config.json); run `python -m bessemer.fixtures.smollm2`")
     names = select(args.systems, SYSTEMS)
