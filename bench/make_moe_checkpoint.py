@@ -3,11 +3,14 @@ memory, engine size and decode speed of the expert kernels are measured on these
 
     python bench/make_moe_checkpoint.py --shape gpt-oss-20b       # prints the directory
     python bench/make_moe_checkpoint.py --shape qwen3-30b-a3b-4l
+    python bench/make_moe_checkpoint.py --shape gpt-oss-20b-4l    # 4 of its layers: kernel work
 
 gpt-oss-20b: its config.json widths (24 layers, hidden 2880, 64 query / 8 KV heads of 64,
 32 experts of 2880, top-4, sliding window 128 on alternate layers, yarn RoPE), experts stored
 as the released checkpoint stores them: `*_blocks` (E, N, K/32, 16) and `*_scales` (E, N, K/32)
 uint8 MXFP4 pairs with quantization_config {"quant_method": "mxfp4", ...}; everything else bf16.
+gpt-oss-20b-4l: the same with 4 of its 24 layers (2 GB), for measuring the expert kernels
+where the whole shape would not leave this machine's memory to anything else.
 qwen3-30b-a3b-4l: Qwen3-30B-A3B's widths (hidden 2048, 32 query / 4 KV heads of 128, 128
 experts of 768, top-8) with 4 of its 48 layers, bf16, per-expert tensors named as released.
 
@@ -29,7 +32,7 @@ from bessemer.cache_root import cache_root
 import random_checkpoint
 from random_checkpoint import INIT_STD, make_cached, tokenizer_source, write_layer_shards
 
-SHAPES = ("gpt-oss-20b", "qwen3-30b-a3b-4l")
+SHAPES = ("gpt-oss-20b", "gpt-oss-20b-4l", "qwen3-30b-a3b-4l")
 
 
 def checkpoint_dir(shape: str, seed: int) -> Path:
@@ -42,8 +45,8 @@ def _config(shape: str, smol: dict):
     common = dict(vocab_size=smol["vocab_size"], bos_token_id=smol["bos_token_id"], eos_token_id=smol["eos_token_id"],
                   pad_token_id=smol.get("pad_token_id"), initializer_range=INIT_STD, rms_norm_eps=1e-5,
                   tie_word_embeddings=False, torch_dtype="bfloat16")
-    if shape == "gpt-oss-20b":
-        n = 24
+    if shape.startswith("gpt-oss-20b"):
+        n = 4 if shape == "gpt-oss-20b-4l" else 24
         return transformers.GptOssConfig(
             architectures=["GptOssForCausalLM"], num_hidden_layers=n, hidden_size=2880, intermediate_size=2880,
             num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
@@ -100,7 +103,7 @@ def make(shape: str, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
         config = _config(shape, json.loads((tokenizer_dir / "config.json").read_text()))
         write_layer_shards(_tensors(config), tmp, seed)
         config.save_pretrained(tmp)
-        if shape == "gpt-oss-20b":  # as the released config.json says (transformers reads it back)
+        if shape.startswith("gpt-oss-20b"):  # as the released config.json says (transformers reads it back)
             cfg = json.loads((tmp / "config.json").read_text())
             cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
                 "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}

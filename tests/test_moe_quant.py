@@ -273,3 +273,24 @@ def test_expert_notes_say_how_experts_are_stored(tiny_checkpoint):
     tp2 = BuildConfig(quant=QuantConfig("w8a16"), tp_size=2)
     assert expert_notes(graph, tp2) == ["experts: float32 (quantized experts are built for --tp 1 only so far)"]
     assert expert_notes(graph, BuildConfig()) == []
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_mxfp4_engine_requests_are_batch_invariant(tiny_checkpoint, tmp_path, isa):
+    """gpt-oss with MXFP4 experts, both ISAs: a request's tokens and logprobs are bit-identical
+    alone (its decode steps in the expert driver's small-batch path) and inside batches of 3
+    and 16 other requests (steps with more (token, expert) pairs than a chunk: chunked)."""
+    from test_batch_invariance import prompts, run_alone, run_mixed
+
+    mxfp4, _ = _mxfp4_checkpoints(tiny_checkpoint("gpt-oss"), tmp_path)
+    engine = build_engine(mxfp4, tmp_path / "e", BuildConfig(kv_block_size=4))
+    assert "moe_mxfp4" in _plan_ops(engine)
+    llm = LLM(engine, num_threads=2, isa=isa, enable_prefix_caching=False)
+    try:
+        rng = np.random.default_rng(0)
+        target = prompts(rng, llm.vocab_size, 1, 35, 45)[0]
+        want = run_alone(llm, target)
+        for k in (3, 16):
+            assert run_mixed(llm, target, prompts(rng, llm.vocab_size, k, 1, 40), rng) == want, f"batch of {k + 1}"
+    finally:
+        llm.close()

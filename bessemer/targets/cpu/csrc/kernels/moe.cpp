@@ -114,6 +114,62 @@ void matmul_f32(const KernelCall& c, ExpertMatrix which, int e, const float* x, 
     }
 }
 
+// act rows [m0, m1) from gate_up rows: silu(gate) * up or gpt-oss's clamped swiglu.
+void activate(const MoeParams& P, const float* gu, float* act, int m0, int m1) {
+    const int I = P.I;
+    for (int m = m0; m < m1; ++m) {
+        const float* g = gu + int64_t(m) * 2 * I;
+        float* a = act + int64_t(m) * I;
+        if (P.stacked)  // gate and up interleaved
+            for (int i = 0; i < I; ++i) a[i] = expert_act(g[2 * i], g[2 * i + 1], P.swiglu_clamped);
+        else
+            for (int i = 0; i < I; ++i) a[i] = expert_act(g[i], g[I + i], P.swiglu_clamped);
+    }
+}
+
+// This thread's share of the active experts' output rows of `which`, taken together: the
+// experts' rows laid end to end and cut into nt contiguous parts; expert e reads its sorted
+// pairs' rows [start[e], start[e + 1]) of x and writes the same rows of y.
+void rows_share(const KernelCall& c, const ExpertKernel& kernel, ExpertMatrix which, int64_t N, const int* active,
+                int count, const int32_t* start, const float* x, int64_t ldx, const float* bias, int64_t bias_ld,
+                float* y, int64_t ldy, int tid, int nt) {
+    const int64_t total = count * N, lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    for (int a = 0; a < count; ++a) {
+        const int64_t n0 = std::max<int64_t>(lo - a * N, 0), n1 = std::min<int64_t>(hi - a * N, N);
+        if (n0 >= n1) continue;
+        const int e = active[a];
+        kernel.rows(c, which, e, x + start[e] * ldx, ldx, start[e + 1] - start[e], bias ? bias + e * bias_ld : nullptr,
+                    y + start[e] * ldy, ldy, n0, n1);
+    }
+}
+
+// Every (token, expert) pair of the step at once (at most kExpertChunk, in expert order): one
+// parallel region for gate_up of all active experts, the activations, and down; then each
+// token sums its pairs in expert order, as the chunked path does.
+void run_small_batch(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel,
+                     const int32_t* order, const int32_t* start, const float* weight, const float* x, int64_t ldx,
+                     float* out, int64_t ldo, float* xs, float* gu, float* act, float* ys, const float* bgu,
+                     const float* bd) {
+    const int H = P.H, I = P.I, k = P.k, L = P.local, pairs = start[L];
+    int active[kMoeMaxExperts], count = 0;
+    for (int e = 0; e < L; ++e)
+        if (start[e + 1] > start[e]) active[count++] = e;
+    for (int q = 0; q < pairs; ++q) std::memcpy(xs + int64_t(q) * H, x + (order[q] / k) * ldx, sizeof(float) * H);
+    if (kernel.input_order) kernel.input_order(xs, H, pairs, H);
+#pragma omp parallel num_threads(ctx.nthreads) if (ctx.nthreads > 1)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        rows_share(c, kernel, GATE_UP, 2 * int64_t(I), active, count, start, xs, H, bgu, 2 * int64_t(I), gu, 2 * I, tid, nt);
+#pragma omp barrier
+        const int m0 = pairs * tid / nt, m1 = pairs * (tid + 1) / nt;
+        activate(P, gu, act, m0, m1);
+        if (kernel.input_order && m1 > m0) kernel.input_order(act + int64_t(m0) * I, I, m1 - m0, I);
+#pragma omp barrier
+        rows_share(c, kernel, DOWN, H, active, count, start, act, I, bd, H, ys, H, tid, nt);
+    }
+    for (int q = 0; q < pairs; ++q) axpy(weight[order[q]], ys + int64_t(q) * H, out + (order[q] / k) * ldo, H);
+}
+
 }  // namespace
 
 void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights) {
@@ -159,7 +215,7 @@ void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int mat
     c.needs.ints_per_seq = L + 1;
 }
 
-void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, ExpertMatmul matmul) {
+void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel) {
     const int T = ctx.rows(c.rows), H = P.H, I = P.I, k = P.k, L = P.local;
     const float* x = ctx.ptr(c.ins[0]);
     const float* logits = ctx.ptr(c.ins[1]);
@@ -199,21 +255,21 @@ void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParam
     float* ys = act + int64_t(kExpertChunk) * I;    // (chunk, H)
     const float* bgu = P.bias_at >= 0 ? static_cast<const float*>(c.weights[P.bias_at]->data) : nullptr;
     const float* bd = P.bias_at >= 0 ? static_cast<const float*>(c.weights[P.bias_at + 1]->data) : nullptr;
+    const ExpertInputOrder input_order = kernel.input_order;
+    if (kernel.rows && start[L] <= kExpertChunk) {
+        run_small_batch(c, ctx, P, kernel, order, start, weight, x, ldx, out, ldo, xs, gu, act, ys, bgu, bd);
+        return;
+    }
     for (int e = 0; e < L; ++e)
         for (int c0 = start[e]; c0 < start[e + 1]; c0 += kExpertChunk) {
             const int M = std::min(kExpertChunk, start[e + 1] - c0);
             for (int m = 0; m < M; ++m)
                 std::memcpy(xs + int64_t(m) * H, x + (order[c0 + m] / k) * ldx, sizeof(float) * H);
-            matmul(c, GATE_UP, e, xs, H, M, bgu ? bgu + int64_t(e) * 2 * I : nullptr, gu, 2 * I, ctx.nthreads);
-            for (int m = 0; m < M; ++m) {
-                const float* g = gu + int64_t(m) * 2 * I;
-                float* a = act + int64_t(m) * I;
-                if (P.stacked)  // gate and up interleaved
-                    for (int i = 0; i < I; ++i) a[i] = expert_act(g[2 * i], g[2 * i + 1], P.swiglu_clamped);
-                else
-                    for (int i = 0; i < I; ++i) a[i] = expert_act(g[i], g[I + i], P.swiglu_clamped);
-            }
-            matmul(c, DOWN, e, act, I, M, bd ? bd + int64_t(e) * H : nullptr, ys, H, ctx.nthreads);
+            if (input_order) input_order(xs, H, M, H);
+            kernel.matmul(c, GATE_UP, e, xs, H, M, bgu ? bgu + int64_t(e) * 2 * I : nullptr, gu, 2 * I, ctx.nthreads);
+            activate(P, gu, act, 0, M);
+            if (input_order) input_order(act, I, M, I);
+            kernel.matmul(c, DOWN, e, act, I, M, bd ? bd + int64_t(e) * H : nullptr, ys, H, ctx.nthreads);
             for (int m = 0; m < M; ++m) {
                 const int q = order[c0 + m];
                 axpy(weight[q], ys + int64_t(m) * H, out + (q / k) * ldo, H);
@@ -235,7 +291,7 @@ void prepare_moe(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeParams>(), matmul_f32);
+    run_moe_grouped(c, ctx, c.get<MoeParams>(), {matmul_f32});
 }
 
 }  // namespace bessemer

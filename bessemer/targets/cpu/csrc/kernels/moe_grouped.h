@@ -6,8 +6,9 @@
 // for gate/up, the activation, one for down, and y[token] += p * down. So each active
 // expert's weights are read once per step (per kExpertChunk of its tokens), a decode step
 // reads only its routed experts, and the GEMMs split their output rows over the threads
-// (never the reduction). Every kernel variant only supplies ExpertMatmul: how to multiply a
-// block of rows by expert e's gate_up or down matrix in its stored format.
+// (never the reduction). Every kernel variant supplies ExpertMatmul: how to multiply a
+// block of rows by expert e's gate_up or down matrix in its stored format (and optionally
+// ExpertRows, ExpertInputOrder below).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,25 @@ using ExpertMatmul = void (*)(const KernelCall& c, ExpertMatrix which, int e, co
 // optional two biases (2 for fp32, 4 for int8 / mxfp4 codes + scales, ...).
 void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights);
 
-void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, ExpertMatmul matmul);
+// Optional: output rows [n0, n1) of the same product on the calling thread. A kernel that has
+// it gets the small-batch path: when a step's (token, expert) pairs fit one chunk (decode:
+// top_k experts per token), all active experts' gate_up rows, then their down rows, are split
+// over the threads together in one parallel region (two barriers, not two fork-joins per
+// expert). Each output row is computed as by ExpertMatmul, so results do not change.
+using ExpertRows = void (*)(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                            const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1);
+
+// Optional: re-orders the columns of a matmul's input (M rows of K, row stride ldx) in place
+// before the kernel reads it, for a kernel that wants its inputs in its weights' element
+// order; the inputs are the driver's own copies (gathered x, activations).
+using ExpertInputOrder = void (*)(float* x, int64_t ldx, int M, int K);
+
+struct ExpertKernel {
+    ExpertMatmul matmul;
+    ExpertRows rows = nullptr;
+    ExpertInputOrder input_order = nullptr;
+};
+
+void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel);
 
 }  // namespace bessemer

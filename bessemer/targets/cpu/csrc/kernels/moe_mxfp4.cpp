@@ -5,10 +5,16 @@
 // (E*2I, H/32), down codes (E*H, I/2), scales (E*H, I/32)] [gate_up_bias (E, 2I), down_bias
 // (E, H)], row_major; gate_up rows interleave gate and up (layout 1).
 //
-// A block is decoded once per (row, block) for all the expert's tokens in the chunk: the 32
-// codes go through a byte shuffle into 2 * E2M1 (integers -12..12), widened to fp32 and
-// multiplied by the scale / 2 (exact: powers of two), then one FMA per token and 8 weights.
-// x stays fp32; accumulation fp32. Threads split the output rows.
+// Two kernels compute the same products in fp32 (x stays fp32, accumulation fp32), each
+// decoding a block once per (row, block) for the expert's tokens in a pass; threads split
+// the output rows, never K (rows_mxfp4 gives the driver any row range, so a decode step
+// splits all its routed experts' rows over the threads at once), and a row's order of
+// operations depends only on K (batch invariance):
+//   AVX-512 (moe_mxfp4_avx512.cpp): vpermps through the E2M1 table, x's blocks stored
+//     even columns then odd ones (split_block_pairs) so that no weights are re-ordered;
+//   AVX2 (here, the fallback): the 32 codes go through a byte shuffle into 2 * E2M1
+//     (integers -12..12), widened to fp32 and multiplied by the scale / 2 (exact: powers of
+//     two), then one FMA per token and 8 weights.
 #include <algorithm>
 #include <cmath>
 #include <omp.h>
@@ -25,7 +31,9 @@ namespace {
 constexpr int kTokens = 4;  // tokens per pass over a row's blocks (accumulators in registers)
 
 struct MoeMxfp4Params : MoeParams {
-    float scale_of[256];  // E8M0 byte -> 2^(byte - 127) / 2 (the / 2 undoes the doubled codes)
+    Isa isa = Isa::AVX2;
+    float scale_of[256];       // E8M0 byte -> 2^(byte - 127)
+    float half_scale_of[256];  // 2^(byte - 127) / 2: the AVX2 kernel's doubled codes
 };
 
 // 32 weights of one block, as fp32, times `scale`: w[0..3] hold elements 0-7, 8-15, 16-23, 24-31.
@@ -61,15 +69,20 @@ inline void row_tokens(const uint8_t* codes, const uint8_t* scales, const float*
     for (int t = 0; t < MT; ++t) out[t] = hsum256(acc[t]);
 }
 
-void matmul_mxfp4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-                  const float* bias, float* y, int64_t ldy, int nthreads) {
+// Output rows [n0, n1) of y (M, N) = x (M, K) @ W^T (+ bias) for expert e's `which` matrix, on
+// the calling thread.
+void rows_mxfp4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1) {
     const MoeMxfp4Params& P = c.get<MoeMxfp4Params>();
     const int64_t N = which == GATE_UP ? 2 * int64_t(P.I) : P.H, K = which == GATE_UP ? P.H : P.I;
     const int blocks = int(K / 32);
     const auto* codes = static_cast<const uint8_t*>(c.weights[2 * which]->data) + e * N * (K / 2);
     const auto* scales = static_cast<const uint8_t*>(c.weights[2 * which + 1]->data) + e * N * blocks;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && N * K * M >= 32768)
-    for (int64_t n = 0; n < N; ++n) {
+    if (P.isa == Isa::AVX512) {
+        moe_mxfp4_rows_avx512(codes, scales, P.scale_of, n0, n1, int(K), x, ldx, M, bias, y, ldy);
+        return;
+    }
+    for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* rc = codes + n * (K / 2);
         const uint8_t* rs = scales + n * blocks;
         float r[kTokens];
@@ -77,14 +90,39 @@ void matmul_mxfp4(const KernelCall& c, ExpertMatrix which, int e, const float* x
             const int mt = std::min(kTokens, M - m0);
             const float* xm = x + m0 * ldx;
             switch (mt) {
-                case 4: row_tokens<4>(rc, rs, P.scale_of, blocks, xm, ldx, r); break;
-                case 3: row_tokens<3>(rc, rs, P.scale_of, blocks, xm, ldx, r); break;
-                case 2: row_tokens<2>(rc, rs, P.scale_of, blocks, xm, ldx, r); break;
-                default: row_tokens<1>(rc, rs, P.scale_of, blocks, xm, ldx, r); break;
+                case 4: row_tokens<4>(rc, rs, P.half_scale_of, blocks, xm, ldx, r); break;
+                case 3: row_tokens<3>(rc, rs, P.half_scale_of, blocks, xm, ldx, r); break;
+                case 2: row_tokens<2>(rc, rs, P.half_scale_of, blocks, xm, ldx, r); break;
+                default: row_tokens<1>(rc, rs, P.half_scale_of, blocks, xm, ldx, r); break;
             }
             for (int t = 0; t < mt; ++t) y[(m0 + t) * ldy + n] = r[t] + (bias ? bias[n] : 0.0f);
         }
     }
+}
+
+// The whole matrix, its rows split over nthreads in blocks of 16 (the driver's chunked path).
+void matmul_mxfp4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                  const float* bias, float* y, int64_t ldy, int nthreads) {
+    const MoeParams& P = c.get<MoeParams>();
+    const int64_t N = which == GATE_UP ? 2 * int64_t(P.I) : P.H, K = which == GATE_UP ? P.H : P.I;
+    const int64_t tiles = (N + 15) / 16;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && N * K * M >= 32768)
+    for (int64_t t = 0; t < tiles; ++t) rows_mxfp4(c, which, e, x, ldx, M, bias, y, ldy, 16 * t, std::min(N, 16 * t + 16));
+}
+
+// Each 32-column block of x's M rows re-ordered in place as the AVX-512 kernel reads it: its
+// 16 even columns, then its 16 odd ones (the order vpermps decodes the codes in).
+void split_block_pairs(float* x, int64_t ldx, int M, int K) {
+    for (int m = 0; m < M; ++m)
+        for (int k0 = 0; k0 < K; k0 += 32) {
+            float* b = x + m * ldx + k0;
+            float t[32];
+            for (int j = 0; j < 16; ++j) {
+                t[j] = b[2 * j];
+                t[16 + j] = b[2 * j + 1];
+            }
+            std::copy(t, t + 32, b);
+        }
 }
 
 }  // namespace
@@ -99,11 +137,16 @@ void prepare_moe_mxfp4(KernelCall& c, const PlanInfo& p) {
     expect_weight(c, 1, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * I2, H / 32});
     expect_weight(c, 2, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * H, I / 2});
     expect_weight(c, 3, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * H, I / 32});
-    for (int s = 0; s < 256; ++s) P.scale_of[s] = std::ldexp(0.5f, s - 127);
+    for (int s = 0; s < 256; ++s) {
+        P.scale_of[s] = std::ldexp(1.0f, s - 127);
+        P.half_scale_of[s] = std::ldexp(0.5f, s - 127);
+    }
+    P.isa = p.isa;
 }
 
 void run_moe_mxfp4(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeMxfp4Params>(), matmul_mxfp4);
+    const MoeMxfp4Params& P = c.get<MoeMxfp4Params>();
+    run_moe_grouped(c, ctx, P, {matmul_mxfp4, rows_mxfp4, P.isa == Isa::AVX512 ? split_block_pairs : nullptr});
 }
 
 }  // namespace bessemer

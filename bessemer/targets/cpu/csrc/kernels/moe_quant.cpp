@@ -144,7 +144,7 @@ void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w8a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), matmul_w8);
+    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), {matmul_w8});
 }
 
 void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
@@ -159,7 +159,7 @@ void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w4a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), matmul_w4);
+    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), {matmul_w4});
 }
 
 }  // namespace bessemer
