@@ -59,6 +59,8 @@ MODES = {  # name -> (dtype, quant config or None)
     "w4a16-g64": ("float32", dict(mode="w4a16", group_size=64)),
     "w4a16-g128": ("float32", dict(mode="w4a16", group_size=128)),
     "w4a16-g32-asym": ("float32", dict(mode="w4a16", group_size=32, zero_point=True)),
+    "w4a8-g32": ("float32", dict(mode="w4a8", group_size=32)),
+    "w4a8-g64": ("float32", dict(mode="w4a8", group_size=64)),
     "w4a16-awq-g32": ("float32", dict(mode="w4a16-awq", group_size=32)),
     "w4a16-awq-g64": ("float32", dict(mode="w4a16-awq", group_size=64)),
     "w4a16-gptq-g32": ("float32", dict(mode="w4a16-gptq", group_size=32)),

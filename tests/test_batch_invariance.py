@@ -47,11 +47,12 @@ def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
 
 @pytest.fixture(scope="module", params=[
     ("smollm2", "float32", "auto"), ("smollm2", "bfloat16", "auto"), ("smollm2", "bfloat16", "avx2"),
-    ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"),
+    ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"), ("smollm2", "w4a8", "auto"),
+    ("smollm2", "w4a8", "avx2"),
     ("mistral", "float32", "auto"), ("gemma3", "bfloat16", "auto"),
 ], ids=lambda p: "-".join(p))
 def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
-    """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq; tiny Mistral and
+    """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq, w4a8 (both ISAs); tiny Mistral and
     Gemma 3 (sliding-window layers: blocks of keys starting inside a window)."""
     return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
 

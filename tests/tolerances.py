@@ -102,6 +102,17 @@ W8A8_FAKE_QUANT_LOGITS_RTOL = 2e-3
 # SmolLM2 WikiText-2 perplexity of w8a8-sq vs the fp32 engine (issue 3: <= +3%).
 W8A8_SQ_PPL_REL = 0.03
 
+# ---- int4 x int8 (tests/test_w4a8_kernel.py, tests/test_w4a8.py) ----
+# linear_w4a8@1 vs primitives.linear_w4a8_ref: identical int8 codes and exact int32 sums per
+# group (tested bit-exact on their own); the reference rounds each group's fp32 FMA twice
+# (float64, then fp32) where the kernel rounds once: an ulp of y per group at most, so a
+# few ulps (2^-22 ~ 2.4e-7 each) of max|y| over <= 40 groups.
+W4A8_LINEAR_RTOL = 1e-5
+# w4a8 g32 engine vs HF fp32 on the tiny random llama (tests/test_w4a8.py): measured 0.19
+# and 0.17 of max|HF| on its two prompts, almost all of it the 4-bit weights (random
+# weights have no structure for 4 bits to keep; the int4 codes alone move tiny models'
+# logits by ~0.2 of max|HF|, see W4_BF16_FAKE_QUANT_LOGITS_RTOL's note).
+W4A8_VS_FP32_LOGITS_RTOL = 0.3
 # ---- serving (tests/test_serve.py) ----
 # Greedy outputs of a preempted-and-recomputed sequence may differ from the reference only
 # at a position where the reference's top-2 logprobs are closer than this (prefill GEMM vs

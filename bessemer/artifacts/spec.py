@@ -12,7 +12,7 @@ Schema (unknown fields are errors; relative paths are relative to the engines.ya
           dtype: float32             # float32 | bfloat16
           max_seq_len: 2048          # also max_batch_size, max_num_tokens, kv_block_size,
           tp: 1                      # kv_cache_dtype
-          quant: w8a16               # w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w8a8-sq | fp8; the
+          quant: w8a16               # w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w4a8 | w8a8-sq | fp8; the
           group_size: 128            # fields below need it: zero_point, exclude_modules (list),
           calib_data: calib.txt      # (a file, or wikitext2) lm_head, act_order, fp8_rounding, fp8_activations, calib_samples, calib_seq_len,
                                      # smoothquant_alpha, calib_backend, o_proj_smoothing

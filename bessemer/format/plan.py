@@ -68,6 +68,14 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    w[n, k] = scales[n, k/G] * (codes[n, k] - 8), so y = sum over groups g of
                    scales[:, g] * (x_g @ codes_g.T - 8 * sum(x_g)) (+ bias). What the builder
                    emits for symmetric int4 (4 + 16/G bits per weight)
+    linear_w4a8@1  ins [x]; outs [y]; weights [codes (int4 panel16_int4_k8 [N, K]), scales
+                   (bf16 or f32 panel16 [N, K/G]), bias?]; attrs group_size (G, a multiple
+                   of 8 dividing K); w[n, k] = scales[n, k/G] * (codes[n, k] - 8) (@3's
+                   weights); per row t and group g (dynamic, inside the kernel): a = max|x_g|,
+                   xq = rint(x_g * 127 / a) (int8), xs = a / 127; y[t, n] = sum over g in
+                   order of float(sum_k xq[k] * (codes[n, k] - 8)) * (xs * scales[n, g]) (an
+                   fp32 FMA per group) (+ bias): int32 dot products (VNNI vpdpbusd: codes as
+                   u8, activations as s8, minus 8 * sum(xq); AVX2 maddubs, exact in int16)
     linear_w8a8@1  ins [x]; outs [y]; weights [q (int8 vnni16 [N, K]), w_scales (f32 [N]),
                    wsum (int32 [N] = sum_k q[n, k]), smooth (f32 [K], only when attr
                    has_smooth = 1), bias?]; attrs has_smooth (0/absent or 1)

@@ -22,6 +22,10 @@ MODES = {
     "w4a16-gptq": (4, "gptq"),
     # int8 activations too (per token, quantized inside the kernel), SmoothQuant factors
     "w8a8-sq": (8, "smoothquant"),
+    # w4a16's symmetric 4-bit codes and searched scales, read with int8 activations
+    # (dynamic, per row and per group of --group-size columns, quantized inside the
+    # kernel) and int8 dot products, as llama.cpp's Q4_0 x Q8_0: faster prefill
+    "w4a8": (4, "rtn"),
     # E4M3 weights (per-channel scales) and E4M3 activations with a static per-tensor
     # scale per linear input, from the calibrated max |x| ("max" calibration)
     "fp8": (8, "max"),
@@ -89,6 +93,9 @@ class QuantConfig:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
             raise InvalidOptionError(f"--zero-point applies to 4-bit modes only; {self.mode} is symmetric per channel")
+        if self.mode == "w4a8" and self.zero_point:
+            raise InvalidOptionError("--zero-point does not apply to --quant w4a8 (its int8 kernel reads symmetric "
+                                     "codes); drop --zero-point or use --quant w4a16")
         if self.fp8_activations is None and self.mode == "fp8":
             object.__setattr__(self, "fp8_activations", FP8_ACTIVATIONS_DEFAULT)
         if self.fp8_activations is not None and self.mode != "fp8":
@@ -142,8 +149,9 @@ class QuantConfig:
 
     @property
     def act_bits(self) -> int:
-        """16: activations stay floating point; 8: int8 per token, dynamic."""
-        return 8 if self.algorithm == "smoothquant" else 16
+        """16: activations stay floating point; 8: int8, dynamic (w8a8-sq: per token; w4a8:
+        per token and group of group_size columns)."""
+        return 8 if self.algorithm == "smoothquant" or self.mode == "w4a8" else 16
 
     @property
     def weight_dtype(self) -> str:
@@ -179,8 +187,9 @@ class QuantConfig:
             d.pop("fp8_rounding")
             d.pop("fp8_activations")
         if self.act_bits == 8:
-            d.update(act_bits=8, act_granularity="per_token_dynamic", act_symmetric=True)
-        else:
+            d.update(act_bits=8, act_granularity="per_token_dynamic" if self.bits == 8 else "per_token_group_dynamic",
+                     act_symmetric=True)
+        if self.algorithm != "smoothquant":
             for key in ("smoothquant_alpha", "calib_backend", "o_proj_smoothing"):
                 d.pop(key)
         if not self.needs_calibration:

@@ -16,6 +16,8 @@ scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never nam
     Int8PerChannel  int8 codes + fp32 scale per output channel (w8a16; the int8 lm_head,
                     and the embedding table it shares when tied)
     Int4Group       4-bit codes + bf16 scale (and, asymmetric, offset) per group of K (w4a16*)
+    Int4GroupA8     Int4Group's symmetric codes and scales for the int4 x int8 kernel: the
+                    activations are quantized to int8 per row and group inside it (w4a8)
     W8A8            int8 codes + scales + per-channel code sums (+ SmoothQuant 1/s) for the
                     int8 x int8 kernel (w8a8-sq)
     Fp8E4M3         E4M3 codes + fp32 channel scales (+ the static input scale) (fp8)
@@ -209,6 +211,21 @@ class Int4Group(StoredFormat):
 
 
 @dataclass(frozen=True)
+class Int4GroupA8(Int4Group):
+    """Symmetric Int4Group weights (the same codes, searched scales and packing) read by a
+    kernel that quantizes its activations to int8 per row and per group of group_size
+    columns and takes int8 dot products (w4a8): its own class, so that a target reads it
+    only with a kernel that does that arithmetic (a target without one refuses the mode)."""
+
+    zero_point: bool = False
+    key = "int4_group_a8"
+
+    def __post_init__(self):
+        if self.zero_point:
+            raise ValueError("int4_group_a8 stores symmetric codes only (no offsets)")
+
+
+@dataclass(frozen=True)
 class W8A8(StoredFormat):
     smooth: bool  # the kernel multiplies its input by a stored 1/s (o_proj, SmoothQuant)
     key = "w8a8"
@@ -394,10 +411,13 @@ class Mxfp4Experts(StoredFormat):
 def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat:
     """The stored format of a linear weight quantized by `quant` (a QuantConfig): the one
     place a --quant mode becomes a storage format. smooth: w8a8 with the kernel's 1/s."""
-    if quant.act_bits == 8:
+    if quant.act_bits == 8 and quant.bits == 8:
         return W8A8(smooth=smooth)
     if quant.weight_dtype == "float8_e4m3":
         return Fp8E4M3(dynamic=quant.fp8_activations == "dynamic")
     if quant.bits == 8:
         return Int8PerChannel()
-    return Int4Group(prim.effective_group_size(in_features, quant.group_size), quant.zero_point)
+    group = prim.effective_group_size(in_features, quant.group_size)
+    if quant.act_bits == 8:
+        return Int4GroupA8(group)
+    return Int4Group(group, quant.zero_point)

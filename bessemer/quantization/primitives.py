@@ -91,6 +91,39 @@ def linear_w8a8_ref(x: np.ndarray, q: np.ndarray, w_scale: np.ndarray, smooth: n
     return y, acc
 
 
+def quantize_int8_per_group(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic symmetric int8 of activations per row and per group of `group` columns, exactly
+    as linear_w4a8 computes it: quantize_int8_per_token of each group on its own.
+    x: (M, K) float32, K a multiple of group. Returns q (M, K) int8, scale (M, K/group) float32."""
+    x = np.asarray(x, dtype=np.float32)
+    m, k = x.shape
+    q, scale = quantize_int8_per_token(x.reshape(m * (k // group), group))
+    return q.reshape(m, k), scale.reshape(m, k // group)
+
+
+def linear_w4a8_ref(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, group: int,
+                    bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reference of linear_w4a8@1. x: (M, K) fp32; codes: (N, K) 0..15 (w = scale * (code - 8));
+    scales: (N, K/group) fp32. Per row and group the exact integer dot product of the int8
+    activations with code - 8, then y += float(dot) * (xs * scale) group by group in fp32
+    (the kernel's FMA, here rounded once in float64 and once to fp32: it may differ from the
+    kernel's single rounding by an ulp of y per group). Returns (y (M, N) float32,
+    acc (M, N, K/group) int64: the exact integer dot products)."""
+    xq, xs = quantize_int8_per_group(x, group)
+    m, k = xq.shape
+    n, ng = codes.shape[0], k // group
+    w = codes.astype(np.int64) - 8
+    acc = np.einsum("mgk,ngk->mng", xq.astype(np.int64).reshape(m, ng, group), w.reshape(n, ng, group))
+    s = xs[:, None, :] * np.asarray(scales, np.float32)[None, :, :]  # (M, N, ng) fp32 products
+    y = np.zeros((m, n), np.float32)
+    for g in range(ng):
+        y = (acc[:, :, g].astype(np.float32).astype(np.float64) * s[:, :, g].astype(np.float64)
+             + y.astype(np.float64)).astype(np.float32)
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)[None, :]
+    return y, acc
+
+
 def fake_quant_int8_per_token(x: np.ndarray, smooth: np.ndarray | None = None) -> np.ndarray:
     """What the kernel's activations become: dequantized per-token int8 of x * smooth."""
     q, scale = quantize_int8_per_token(x, smooth)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bessemer.quantization.formats import ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, Mxfp4Experts, W8A8
+from bessemer.errors import InvalidOptionError
+from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int4GroupA8, Int8PerChannel, Mxfp4Experts,
+                                          W8A8)
 
 # plugins/ops.py ops with a C++ kernel in csrc/kernels (split: column views, no kernel;
 # all_reduce / all_gather: the tensor-parallel collectives)
@@ -37,6 +39,15 @@ def _int4(fmt: Int4Group, shape) -> QuantKernel:
                        {"codes": codes, "scales": "panel16", "offsets": "panel16"}, {"group_size": fmt.group_size})
 
 
+def _int4_a8(fmt: Int4GroupA8, shape) -> QuantKernel:
+    # int8 dot products on whole 8-k blocks of panel16_int4_k8 codes (activation groups too)
+    if shape[1] % 8 or fmt.group_size % 8:
+        raise InvalidOptionError(f"--quant w4a8 needs input features and groups that are multiples of 8, got "
+                                 f"{shape[1]} features in groups of {fmt.group_size}; use --quant w4a16")
+    return QuantKernel("linear_w4a8", 1, {"codes": "panel16_int4_k8", "scales": "panel16"},
+                       {"group_size": fmt.group_size})
+
+
 def _experts(fmt: ExpertStack, rows: tuple[int, int]) -> QuantKernel:
     # each expert's matrices in the dense kernels' layouts (moe_quant.cpp runs those kernels
     # on one expert's panels at a time); int4 K decides k8 per matrix, as for a linear
@@ -53,6 +64,7 @@ def _experts(fmt: ExpertStack, rows: tuple[int, int]) -> QuantKernel:
 QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("linear_w8a16", 1, {"codes": "panel16"}),
     ("linear", Int4Group): _int4,
+    ("linear", Int4GroupA8): _int4_a8,
     ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
                                                      {"has_smooth": 1} if fmt.smooth else {}),
     # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one

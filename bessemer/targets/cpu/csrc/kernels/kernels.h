@@ -26,6 +26,7 @@ BESSEMER_KERNEL(gelu_tanh_mul)
 BESSEMER_KERNEL(linear)
 BESSEMER_KERNEL(linear_fp8)
 BESSEMER_KERNEL(linear_w4a16)
+BESSEMER_KERNEL(linear_w4a8)
 BESSEMER_KERNEL(linear_w8a16)
 BESSEMER_KERNEL(linear_w8a8)
 BESSEMER_KERNEL(moe)
@@ -95,6 +96,14 @@ void linear_w8a8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const
                       const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 void linear_w8a8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const float* ws, const int32_t* wsum,
                         const float* smooth, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+
+// int4 x int8 (linear_w4a8.cpp, linear_w4a8_avx512.cpp): codes panel16_int4_k8 [N, K] (w =
+// scale * (code - 8)), scales fp32 panel16 [N, K/G]; activations quantized per row and
+// group of G inside (G a multiple of 8 dividing K <= kW8A8MaxK).
+void linear_w4a8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, int G, int N,
+                      int K, const float* bias, float* y, int64_t ldy, int nthreads);
+void linear_w4a8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, int G, int N,
+                        int K, const float* bias, float* y, int64_t ldy, int nthreads);
 
 // FP8 (linear_fp8.cpp, linear_fp8_avx512.cpp): codes E4M3 panel16 [N, K], scales [N], xs the
 // static activation scale: y = (e4m3(x / xs) @ decode(codes)^T) * xs * scales; dynamic: xs
