@@ -528,12 +528,13 @@ class AttnCase:
         assert used <= num_blocks
         self.hist = [dict() for _ in seq_max]  # seq -> pos -> (k, v) float64 [Hkv, D]
 
-    def step(self, rows, drop_blocks_below_window=False):
-        """rows: list of (seq, start_pos, n)."""
+    def step(self, rows, drop_blocks_below_window=False, tokens=None):
+        """rows: list of (seq, start_pos, n); tokens: {seq: token ids by position} to take the
+        rows' tokens from (default: random)."""
         H, Hkv, D = self.H, self.Hkv, self.D
         toks, pos, cu, ctx = [], [], [0], []
         for s, p0, n in rows:
-            toks += list(self.rng.integers(0, self.tok_limit, n))
+            toks += list(tokens[s][p0: p0 + n]) if tokens and s in tokens else list(self.rng.integers(0, self.tok_limit, n))
             pos += list(range(p0, p0 + n))
             cu.append(cu[-1] + n)
             ctx.append(p0 + n)
@@ -702,6 +703,43 @@ def test_attention_decode_split(tmp_path, isa, threads, kv_dtype):
     case.step([(0, 1000, 1), (1, 2, 1)])
     case.step([(1, 3, 1)])
     case.step([(0, 1001, 2)])
+
+
+KEY_BLOCK = 64  # attention.cpp's kKB: a query's keys are cut into blocks at its multiples
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kv_dtype,window", [("float32", 0), ("bfloat16", 0), ("int8", 0), ("float8_e4m3", 0),
+                                             ("bfloat16", 100)])
+def test_attention_key_blocks_bit_identical_across_paths_batches_and_threads(tmp_path, isa, kv_dtype, window):
+    """A prompt of five key blocks: each checked row's output has the same bits as the prompt's
+    prefill row at its position (the tiles) whether it runs as a decode row alone (its key
+    blocks spread over the threads), as a decode row among others' decodes and a prefill, or
+    inside a short (row path) or long (tile path) prefill chunk; and whatever the thread count.
+    Every step is also checked against the float64 reference."""
+    H, Hkv, D, n = 4, 2, 32, 5 * KEY_BLOCK - 20
+    checked = [0, KEY_BLOCK - 1, KEY_BLOCK, 2 * KEY_BLOCK + 3, 4 * KEY_BLOCK, n - 1]
+    rng = np.random.default_rng(7)
+    tokens = {s: rng.integers(0, 61, n) for s in range(4)}
+    got = {}  # (threads, how, position) -> the row's output bits
+    for threads in (1, 2, 3):
+        (tmp_path / str(threads)).mkdir()
+        case = AttnCase(tmp_path / str(threads), isa, H, Hkv, D, window=window, kv_dtype=kv_dtype, threads=threads,
+                        seq_max=(n, n, n, n), num_blocks=4 * (n // 16 + 1), seed=9)
+        out = case.step([(0, 0, n), (1, 0, n - 1), (2, 0, n - 2), (3, 0, n - 3)], tokens=tokens)
+        bits = out.view(np.uint32)
+        for p in checked:
+            got[threads, "prefill", p] = bits[p]
+            # the cache already holds every position: a step rewrites position p's K/V with the same bits
+            got[threads, "decode alone", p] = case.step([(0, p, 1)], tokens=tokens).view(np.uint32)[0]
+            mixed = case.step([(1, 5, 1), (0, p, 1), (2, n - 3, 1), (3, 0, 40)], tokens=tokens)
+            got[threads, "decode in a batch", p] = mixed.view(np.uint32)[1]
+            lo = max(0, p - 2)
+            got[threads, "short chunk", p] = case.step([(0, lo, p - lo + 1)], tokens=tokens).view(np.uint32)[-1]
+            lo = max(0, p - 29)
+            got[threads, "long chunk", p] = case.step([(0, lo, p - lo + 1)], tokens=tokens).view(np.uint32)[-1]
+    for (threads, how, p), row in got.items():
+        assert np.array_equal(row, got[1, "prefill", p]), f"position {p}: {how} on {threads} threads != prefill"
 
 
 def test_executor_extras(tmp_path):

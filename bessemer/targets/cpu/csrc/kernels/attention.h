@@ -4,12 +4,18 @@
 
 #include <cstdint>
 
+#include "attention_blocks.h"
 #include "kernel_api.h"
 
 namespace bessemer {
 
 constexpr int kLanes = 16;  // query vectors per tile (the tiled path, attention.cpp)
-constexpr int kKB = 64;     // keys per block of a tile
+// Floats of a thread's scratch on the decode-row path (attention.cpp's RowScratch): the block's
+// V rows and transposed keys, G heads' queries, scores, P.V, sums, partials and running state,
+// the keys' value multipliers, and the block's cache rows and V offsets (int64).
+constexpr int64_t row_scratch_floats(int64_t G, int64_t D) {
+    return 2 * int64_t(kKB) * D + G * (4 * D + kKB + 5) + kKB + 1 + 4 * int64_t(kKB);
+}
 
 struct AttentionParams : KernelParams {
     int layer, H, Hkv, D;

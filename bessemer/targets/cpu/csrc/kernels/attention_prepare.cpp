@@ -41,12 +41,13 @@ AttentionParams& prepare_common(KernelCall& c, const PlanInfo& p) {
     n.reads_kv = true;
     n.kv_window = a.window;
     // per thread: a tile's transposed queries, output and key/value block (prefill), or a
-    // row's key/value block (and its keys transposed) with its G heads' queries, scores,
-    // outputs, max and sum (decode); neither grows with the context
+    // row's key/value block and its G heads' state (decode); neither grows with the context
     const int64_t G = H / Hkv;
     const int64_t tile = D * kLanes * 2 + int64_t(kKB) * kLanes + 2 * int64_t(kKB) * D;
-    const int64_t row = 3 * int64_t(kKB) * D + G * (2 * D + kKB + 2);
-    n.thread_floats = std::max(tile, row) + 64;
+    n.thread_floats = std::max(tile, row_scratch_floats(G, D)) + 64;
+    // shared: the key-block partials of decode rows split over threads (attention.cpp splits
+    // only when they fit: 128 (row, block) pairs per thread pair, e.g. 2 rows of 16384 keys on 2 threads)
+    n.shared_floats_per_thread_pair = 128 * H * (D + kPartialHead);
     n.ints_per_seq = 1;  // tile prefix sums
     n.ints_per_row = 1;  // decode rows
     return a;
