@@ -6,7 +6,8 @@ A format owns what is true of its stored weight on every target:
 - quantize(rows, calib): fp32 rows (N, K) -> the parts' values (unpacked arrays), with the
   algorithm the build chose (round to nearest, or GPTQ given the input's Hessian);
 - tensor-parallel slicing: whether a K shard must be quantized on whole rows, how a K
-  shard's parts are cut, and where a K cut is not allowed;
+  shard's parts are cut, and where a K cut is not allowed (the shard pass asks these for
+  dense linears and for experts alike);
 - pack(role, values, layout): a part's values -> the bytes of the layout a target chose;
 - stats(w, q): the build report's error line for the weight.
 Which layout each part is stored in and which kernel reads it are the target's choices
@@ -87,7 +88,9 @@ class StoredFormat(ABC):
 
     def column_split_error(self, k: int, cuts: list[tuple[int, int]], rank: int) -> str | None:
         """Why rank `rank`'s input columns cuts[rank] of a K-column weight cannot be stored
-        on their own (the end of a sentence starting with the node and --tp), or None."""
+        on their own (the end of a sentence starting with the node and --tp, naming the
+        format's own fix where there is one; the shard pass adds the --tp values that work),
+        or None."""
         return None
 
     def finish(self, q: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -193,9 +196,13 @@ class Int4Group(StoredFormat):
         c0, c1 = cuts[rank]
         if c0 % g == 0 and c1 % g == 0:
             return None
-        fits = [f for f in (16, 32, 48, 64, 96, 128) if k % f == 0 and all(c % f == 0 for cut in cuts for c in cut)]
-        return (f"cuts its {k} input features at column {c0 if c0 % g else c1}, inside a 4-bit group of {g}; "
-                f"use --group-size {' or '.join(map(str, fits)) or 16}")
+        from bessemer.quantization.config import GROUP_SIZES
+
+        # the --group-size values whose group on this K (effective_group_size) every cut respects
+        fits = [str(f) for f in GROUP_SIZES
+                if all(c % prim.effective_group_size(k, f) == 0 for cut in cuts for c in cut)]
+        where = f"cuts its {k} input features at column {c0 if c0 % g else c1}, inside a 4-bit group of {g}"
+        return where + (f"; use --group-size {' or '.join(fits)}" if fits else "")
 
     def pack(self, role, values, layout):
         if role == "codes":
@@ -351,10 +358,25 @@ class ExpertStack(StoredFormat):
     def dequantize(self, q):
         return self.inner.dequantize(q)
 
+    # tensor parallelism (one expert matrix per HF part, layout 0) cuts every expert's down
+    # along K at the same columns: the inner format's rules, expert by expert; the codes are
+    # RTN whatever the build's calibration, so only the inner format decides whole rows
+    def full_rows_for_k_shard(self, calib):
+        return self.inner.full_rows_for_k_shard(WeightCalibration())
+
+    def slice_columns(self, q, c0, c1):
+        return self.inner.slice_columns(q, c0, c1)  # parameters are per output row: stacking keeps them
+
+    def column_split_error(self, k, cuts, rank):
+        return self.inner.column_split_error(k, cuts, rank)
+
     def store(self, rows, calib, cut=None):
+        if cut is not None and self.input_major:
+            raise ValueError("stacked (input-major) experts are split whole across ranks, never along K")
+        q = self.quantize(rows, calib)
         if cut is not None:
-            raise ValueError("experts are split whole across ranks, never along K")
-        return self.inner.finish(self.quantize(rows, calib)), self.to_rows(rows)
+            q, rows = self.slice_columns(q, *cut), rows[:, cut[0]:cut[1]]
+        return self.inner.finish(q), self.to_rows(rows)
 
     def pack(self, role, values, layout):
         return self.inner.pack(role, values, layout)
@@ -394,9 +416,14 @@ class Mxfp4Experts(StoredFormat):
         return decode_mxfp4_rows(q["codes"], q["scales"])
 
     def shipped_parts(self, ckpt, parts, slices):
-        if slices or len(parts) != 1 or parts[0] not in getattr(ckpt, "mxfp4", {}):
+        if len(parts) != 1 or parts[0] not in getattr(ckpt, "mxfp4", {}):
             return None
         blocks, scales = ckpt.mxfp4_pair(parts[0])  # (E, N, K/32, 16), (E, N, K/32): already (E*N) rows
+        if slices:  # a tensor-parallel rank's whole experts [e0, e1): (e0, e1, 0, K)
+            ((e0, e1, k0, k1),) = slices
+            if (k0, k1) != (0, blocks.shape[2] * 32):
+                return None
+            blocks, scales = blocks[e0:e1], scales[e0:e1]
         e, n, g, b = blocks.shape
         # copies: the weight source keeps a weight's parts until the next one, past the mapping
         return {"codes": blocks.reshape(e * n, g * b).copy(), "scales": scales.reshape(e * n, g).copy()}

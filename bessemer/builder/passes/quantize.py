@@ -9,8 +9,8 @@ producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 
 A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
 node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 format) when the
 target has a kernel for them, by round to nearest whatever the mode's algorithm (calibration
-covers linears only); otherwise (modes without an expert kernel: w8a8-sq, fp8; tensor
-parallelism; rows that are not whole panels of 16) they stay float32. expert_notes() says
+covers linears only); otherwise (modes without an expert kernel: w8a8-sq, fp8; rows, per
+tensor-parallel rank, that are not whole panels of 16) they stay float32. expert_notes() says
 which, for the build log.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
@@ -23,6 +23,7 @@ from dataclasses import replace
 from fnmatch import fnmatch
 
 from bessemer.builder.config import BuildConfig
+from bessemer.builder.passes.shard_tensor_parallel import rank_expert_size
 from bessemer.ir.graph import Graph, Node
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, weight_format
@@ -77,10 +78,11 @@ def _float32_experts_reason(node: Node, build: BuildConfig) -> str | None:
         get_target(build.target).quant_kernel("moe", ExpertStack)
     except InvalidOptionError:
         return f"the {build.target} target has no quantized expert kernel yet"
-    if build.tp_size > 1:
-        return "quantized experts are built for --tp 1 only so far"
-    if (2 * int(node.attrs["expert_size"])) % 16 or node.weights[0].shape[1] % 16:  # K of gate_up: hidden
-        return "2 * expert_size and hidden_size must be multiples of 16 for quantized experts"
+    # the size each rank's experts keep (tensor parallelism splits it after this pass)
+    size = rank_expert_size(node, build.tp_size)
+    if (2 * size) % 16 or node.weights[0].shape[1] % 16:  # K of gate_up: hidden
+        per_rank = f" (per rank at --tp {build.tp_size}: {size})" if build.tp_size > 1 else ""
+        return f"2 * expert_size{per_rank} and hidden_size must be multiples of 16 for quantized experts"
     return None
 
 

@@ -19,18 +19,21 @@ never read. For a Llama-like layer:
 - Embedding and norms: replicated (every rank gathers the full table: exact, no extra
   communication; the table costs V*H per rank).
 - Quantized weights keep the whole matrix's quant params (group size chosen on the full K
-  by the quantize pass, which runs first); a K split must cut on group boundaries.
+  by the quantize pass, which runs first); a K split must cut on group boundaries. The
+  same holds for quantized experts (down's K cut), which the format is asked about.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable, Iterable
 
 from bessemer.builder.config import BuildConfig
 from bessemer.ir.graph import Graph, GraphError, Node, WeightRef
 from bessemer.ir.roles import COLUMN, FEATURES, KV_HEADS, QUERY_HEADS, ROW, VOCAB, WHOLE
 from bessemer.errors import InvalidOptionError
 from bessemer.plugins.ops import shard_range
+from bessemer.quantization.formats import ExpertStack, StoredFormat
 
 HEAD_OPS = ("rope", "attention", "attention_sinks")
 
@@ -118,14 +121,26 @@ def _slice_rows(ref: WeightRef, shards: tuple[str, ...], shapes: dict, heads: di
     return replace(ref, shape=(rows,) + tuple(ref.shape[1:]), slices=tuple(slices))
 
 
+def _check_k_cut(what: str, quant: StoredFormat | None, k: int, cuts: Callable[[int], list[tuple[int, int]]],
+                 n: int, r: int, candidates: Iterable[int]) -> None:
+    """Refuse rank r's input columns cuts(n)[r] of a quantized K-column weight where its format
+    cannot store them on their own (a 4-bit group straddling two ranks), naming the format's
+    fix and the --tp values among `candidates` (each with its cuts(m)) that the format accepts."""
+    problem = quant.column_split_error(k, cuts(n), r) if quant is not None else None
+    if not problem:
+        return
+    ok = [str(m) for m in candidates
+          if m < n and all(quant.column_split_error(k, cuts(m), q) is None for q in range(m))]
+    fixes = "" if not ok else f" or --tp {' or '.join(ok)}" if "; use " in problem else f"; use --tp {' or '.join(ok)}"
+    raise InvalidOptionError(f"{what}: --tp {n} {problem}{fixes}")
+
+
 def _slice_cols(node: Node, ref: WeightRef, shapes: dict, heads: dict, n: int, r: int) -> WeightRef:
     ((b0, b1, k0, k1),) = _part_blocks(ref, shapes)
     rows, k = b1 - b0, k1 - k0
     c0, c1 = _cuts(node, k, heads, n, r)
-    problem = ref.quant.column_split_error(k, [_cuts(node, k, heads, n, rank) for rank in range(n)], r) \
-        if ref.quant else None
-    if problem:
-        raise InvalidOptionError(f"{node.name}: --tp {n} {problem}")
+    candidates = [m for m in range(1, n) if k % m == 0 and _heads_ok(heads["hq"], heads["hkv"], m)]
+    _check_k_cut(node.name, ref.quant, k, lambda m: [_cuts(node, k, heads, m, q) for q in range(m)], n, r, candidates)
     return replace(ref, shape=(rows, c1 - c0), slices=((b0, b1, k0 + c0, k0 + c1),))
 
 
@@ -156,19 +171,37 @@ def _take_rank_heads(node: Node, whole: set[str], heads: dict, n: int, r: int) -
     return out + [replace(node, inputs=tuple(inputs))]
 
 
+def rank_expert_size(node: Node, n: int) -> int:
+    """The intermediate size of each expert a rank of n holds (moe node): stacked experts
+    (layout 1) go whole, the others are split evenly (_check_sizes refuses an uneven split)."""
+    size = int(node.attrs["expert_size"])
+    return size if int(node.attrs.get("layout", 0)) == 1 else size // n
+
+
+def _whole_experts(w: WeightRef, e0: int, e1: int) -> WeightRef:
+    """Experts [e0, e1) of a stacked (E, ...) weight; a quantized stack counts the experts it holds."""
+    quant = replace(w.quant, experts=e1 - e0) if isinstance(w.quant, ExpertStack) else w.quant
+    return replace(w, shape=(e1 - e0,) + tuple(w.shape[1:]), slices=((e0, e1, 0, w.shape[1]),), quant=quant)
+
+
 def _shard_experts(node: Node, shapes: dict, n: int, r: int) -> Node:
     """Rank r's share of the experts; the ranks' partial outputs are summed by an all_reduce
     after the node. Experts stored one matrix each: rows [r I/n, (r+1) I/n) of every gate and
-    up, the same columns of every down. Stacked (gpt-oss): whole experts, shard_range of them."""
+    up, the same columns of every down. Stacked (gpt-oss): whole experts, shard_range of them.
+    Quantized experts keep the format the quantize pass chose on the full matrices (group size
+    on the full K); down's K cut must fall on its group boundaries, as a dense row split's."""
     if int(node.attrs.get("layout", 0)) == 1:
         e0, e1 = shard_range(int(node.attrs["num_experts"]), n, r)
         if e1 <= e0:
             raise InvalidOptionError(f"{node.name}: --tp {n} leaves rank {r} no experts; use a smaller --tp")
-        ws = tuple(replace(w, shape=(e1 - e0,) + tuple(w.shape[1:]), slices=((e0, e1, 0, w.shape[1]),)) if w is not None
-                   else None for w in node.weights)
+        ws = tuple(_whole_experts(w, e0, e1) if w is not None else None for w in node.weights)
         return replace(node, weights=ws, attrs=dict(node.attrs, first_expert=e0, local_experts=e1 - e0))
-    size = int(node.attrs["expert_size"]) // n
+    full = int(node.attrs["expert_size"])
+    size = rank_expert_size(node, n)
     gate_up, down = node.weights
+    _check_k_cut(f"{node.name} experts' down", down.quant, full,
+                lambda m: [(q * (full // m), (q + 1) * (full // m)) for q in range(m)], n, r,
+                [m for m in range(1, n) if full % m == 0])
     rows = tuple((r * size, (r + 1) * size, 0, shapes[p][1]) for p in gate_up.parts)
     cols = tuple((0, shapes[p][0], r * size, (r + 1) * size) for p in down.parts)
     return replace(node, weights=(replace(gate_up, shape=(len(rows) * size, gate_up.shape[1]), slices=rows),

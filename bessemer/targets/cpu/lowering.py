@@ -81,11 +81,11 @@ def choose_kernel(n: Node) -> tuple[str, int, list[str], dict]:
 
 def keep_shipped_experts(graph: Graph) -> Graph:
     """Experts the checkpoint ships in MXFP4 (moe attr mxfp4_experts, models/gpt_oss.py) and
-    no --quant requantized stay MXFP4 for moe_mxfp4, on one rank (a tensor-parallel rank's
-    experts are read dequantized)."""
+    no --quant requantized stay MXFP4 for moe_mxfp4 (a tensor-parallel rank holds whole
+    experts of them: the shipped bytes of its experts)."""
     def keep(n: Node) -> Node:
         gate_up, down = n.weights[:2]
-        if gate_up.quant is not None or gate_up.slices or down.slices:
+        if gate_up.quant is not None:
             return n
         return replace(n, weights=tuple(replace(w, quant=Mxfp4Experts()) for w in (gate_up, down)) + n.weights[2:])
 
