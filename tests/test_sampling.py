@@ -20,12 +20,12 @@ def test_penalties_follow_their_definitions():
 def test_top_k_top_p_min_p_restrict_the_support():
     logits = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03])).astype(np.float32)
     rng = np.random.default_rng(0)
-    draw = lambda **kw: {sample(logits, 1.0, rng=rng, **kw) for _ in range(400)}
+    draw = lambda **kw: {sample(logits, 1.0, uniform=rng.random(), **kw) for _ in range(400)}
     assert draw(top_k=2, top_p=1.0) == {0, 1}
     assert draw(top_k=0, top_p=0.7) == {0, 1}  # 0.5 + 0.25 reaches 0.7
     assert draw(top_k=0, top_p=1.0, min_p=0.3) == {0, 1}  # >= 0.3 * 0.5
     assert draw(top_k=0, top_p=1.0) == {0, 1, 2, 3, 4}
-    assert sample(logits, 0.0, 0, 1.0, rng) == 0
+    assert sample(logits, 0.0, 0, 1.0, rng.random()) == 0
 
 
 def test_min_tokens_n_and_invalid_params(tiny_engine):

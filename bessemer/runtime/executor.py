@@ -43,7 +43,7 @@ class SamplingRows:
     temperature: np.ndarray  # [L] float32; 0: argmax
     top_k: np.ndarray  # [L] int32; 0: no limit
     top_p: np.ndarray  # [L] float32; 1: no limit
-    uniform: np.ndarray  # [L] float64 in [0, 1): each draw's uniform, from its sequence's seeded generator
+    uniform: np.ndarray  # [L] float64 in [0, 1): each draw's uniform, its sequence's stream's at the position
 
 
 @runtime_checkable

@@ -43,13 +43,14 @@ def run_step(executor: Executor, batch: list[ScheduledChunk], all_logits: bool =
 
 def run_step_sampled(sampler: DeviceSampler, batch: list[ScheduledChunk]) -> np.ndarray:
     """Runs one step with sampling on the device (an executor's `sampler`); returns the
-    token id [L] of every completing chunk. Each draw's uniform comes from its sequence's
-    seeded generator, so a seed gives the same tokens on every run."""
+    token id [L] of every completing chunk. Each draw's uniform is its sequence's stream's at
+    the position the token takes (runtime/random_stream.py), as when the host samples."""
     completing = [c.seq for c in batch if c.completes]
     rows = SamplingRows(
         temperature=np.array([s.params.temperature for s in completing], dtype=np.float32),
         top_k=np.array([max(0, s.params.top_k) for s in completing], dtype=np.int32),
         top_p=np.array([s.params.top_p for s in completing], dtype=np.float32),
-        uniform=np.array([s.rng.random() if s.params.temperature > 0 else 0.0 for s in completing], dtype=np.float64))
+        uniform=np.array([s.stream.uniform(len(s.token_ids)) if s.params.temperature > 0 else 0.0
+                          for s in completing], dtype=np.float64))
     tokens, _ = sampler.sample(make_step_batch(batch), rows)
     return tokens

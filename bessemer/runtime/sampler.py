@@ -1,4 +1,5 @@
-"""Sampling over one row of logits, seeded per request, with the vLLM/OpenAI controls.
+"""Sampling over one row of logits with the vLLM/OpenAI controls, drawn with the uniform of
+the sequence's stream for the position (runtime/random_stream.py).
 
 Order (as vLLM): logit_bias added to the raw logits, then the penalties (repetition on
 prompt and output tokens, presence and frequency on output tokens), then the masks that set
@@ -6,7 +7,8 @@ tokens to -inf (those outside allowed_token_ids, bad words, stop tokens before m
 then greedy, or temperature -> top-k -> top-p -> min-p -> draw. vLLM masks first; a -inf
 stays -inf under bias and penalties, so the one order that changes results is the bias's
 before the penalties (repetition divides a biased logit). NumPy only: the full-vocabulary
-work is one partition for top-k and one sort of the surviving candidates.
+work is one partition for top-k and one sort of the surviving candidates (and one of
+their ids for the draw).
 """
 
 from __future__ import annotations
@@ -98,13 +100,34 @@ def process_logits(logits: np.ndarray, params, prompt_ids: list[int], output_ids
     return x
 
 
-def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-           rng: np.random.Generator, min_p: float = 0.0) -> int:
-    """logits: (vocab,) float32 -> token id."""
+def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, uniform: float,
+           min_p: float = 0.0) -> int:
+    """logits: (vocab,) float32 -> token id: argmax when temperature <= 0, else the inverse
+    CDF of `distribution` at `uniform` (in [0, 1)), the kept tokens taken in vocabulary
+    order: the first whose cumulative probability exceeds uniform (the device sampler's
+    rule, plugins/ops.ref_sample_rows). A fixed order, not one that depends on the
+    distribution, makes two close distributions draw the same token from one uniform (a
+    draft engine's and the target's: speculative/acceptance.py)."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
     candidates, probs = distribution(logits, temperature, top_k, top_p, min_p)
-    return int(candidates[rng.choice(len(candidates), p=probs)])
+    if len(candidates) * 16 < len(logits):  # few kept: sort them into vocabulary order
+        ids = np.sort(candidates)  # (kept,)
+        weights = probs[np.argsort(candidates)]
+    else:  # many: scatter over the vocabulary (O(vocab), no sort); adding the zeros is exact
+        ids = None
+        weights = np.zeros(len(logits))  # (vocab,)
+        weights[candidates] = probs
+    cdf = np.cumsum(weights)
+    if not np.isfinite(cdf[-1]):  # a search over NaN would return a token, not fail
+        raise ValueError("the sampling probabilities contain NaN (a NaN temperature or logit); "
+                         "give a finite temperature")
+    # the first entry whose cumulative probability exceeds uniform (it only rises at kept
+    # tokens); past the end only through rounding at uniform ~ 1: the last kept token
+    i = min(int(np.searchsorted(cdf, uniform * cdf[-1], side="right")), len(cdf) - 1)
+    while weights[i] == 0.0:  # the vocabulary's tail after the last kept token
+        i -= 1
+    return int(ids[i]) if ids is not None else i
 
 
 def distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: float,

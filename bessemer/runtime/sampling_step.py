@@ -8,8 +8,10 @@ Where a step's tokens come from:
   temperature, top-k, top-p;
 - otherwise the host (runtime/sampler.py) from the logits: a constrained sequence's token
   mask (computed on a worker thread while the step runs) applied first, then bias,
-  penalties and the other controls; draft tokens are verified by rejection sampling
-  (speculative/rejection.py), and the accepted ones plus one more are emitted.
+  penalties and the other controls, then the draw with the sequence's uniform for the
+  position (runtime/random_stream.py); draft tokens are accepted while they equal the
+  target's own draw (speculative/acceptance.py), and the accepted ones plus one more are
+  emitted: the tokens decoding without drafts gives.
 Scoring sequences keep every row's logits; prompt logprobs are read from the prompt's rows.
 """
 
@@ -27,7 +29,7 @@ from bessemer.runtime.outputs import SequenceUpdate
 from bessemer.runtime.sampler import process_logits, sample, top_logprobs
 from bessemer.runtime.scheduler import ScheduledChunk, Scheduler
 from bessemer.runtime.sequence import Sequence
-from bessemer.runtime.speculative.rejection import accept_greedy, accept_sampled
+from bessemer.runtime.speculative.acceptance import accept
 from bessemer.runtime.structured import ConstraintError, MaskWorker, apply_mask
 
 
@@ -127,13 +129,13 @@ class SamplingStep:
         the stop checks; returns the update and the finish reason (None: it goes on)."""
         seq, num_logits = chunk.seq, chunk.num_logits
         k = seq.num_draft_tokens
-        drafts, dists = seq.token_ids[len(seq.token_ids) - k:], seq.draft_dists
+        drafts = seq.token_ids[len(seq.token_ids) - k:]
         del seq.token_ids[len(seq.token_ids) - k:]
-        seq.num_draft_tokens, seq.draft_dists = 0, None
+        seq.num_draft_tokens = 0
         if chunk_sampled is not None:
             tokens, entries = [int(chunk_sampled[-1])], None
         else:
-            tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts, dists)
+            tokens, entries = self._sample(seq, chunk_logits[rows - num_logits:], drafts)
         update, reason = self.output_processor.append(seq, tokens, entries, now)
         self.scheduler.computed(chunk, num_rejected=k - (len(tokens) - 1))
         self.num_draft_tokens += k
@@ -144,24 +146,24 @@ class SamplingStep:
                 reason = "stop"  # the constraint is complete: only end-of-sequence could follow
         return update, reason
 
-    def _sample(self, seq: Sequence, rows: np.ndarray, drafts: list[int],
-                dists: list | None) -> tuple[list[int], list[dict[int, float]] | None]:
+    def _sample(self, seq: Sequence, rows: np.ndarray,
+                drafts: list[int]) -> tuple[list[int], list[dict[int, float]] | None]:
         """rows: (1 + len(drafts), vocab) raw logits -> the tokens to emit (the accepted
         drafts and one more) and their top-logprobs entries if asked."""
         params = seq.params
         prompt, output = seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids
+        position = len(seq.token_ids)  # of the first token to emit
 
         def logits_at(i: int) -> np.ndarray:  # position i: after drafts[:i] were accepted
             row = rows[i] if seq.grammar is None else apply_mask(rows[i], seq.grammar.mask(i))
             return process_logits(row, params, prompt, output + drafts[:i],
                                   self.output_processor.banned_ids(seq, len(row), i), seq.bad_words)
 
-        if not drafts:
-            tokens = [sample(logits_at(0), params.temperature, params.top_k, params.top_p, seq.rng, params.min_p)]
-        elif params.temperature <= 0:
-            tokens = accept_greedy(logits_at, drafts)
-        else:
-            tokens = accept_sampled(logits_at, drafts, dists, params, seq.rng)
+        def draw_at(i: int) -> int:
+            uniform = seq.stream.uniform(position + i) if params.temperature > 0 else 0.0
+            return sample(logits_at(i), params.temperature, params.top_k, params.top_p, uniform, params.min_p)
+
+        tokens = accept(draw_at, drafts)
         if params.logprobs is None:
             return tokens, None
         return tokens, [top_logprobs(rows[i], t, params.logprobs) for i, t in enumerate(tokens)]

@@ -147,8 +147,7 @@ class Scheduler:
         seq.block_table, seq.block_keys = self.blocks.match_prefix(seq.token_ids, limit)
         seq.num_computed = len(seq.block_table) * bs
 
-    def add_drafts(self, chunk: ScheduledChunk, drafts: list[int], dists: list | None,
-                   budget: int) -> ScheduledChunk:
+    def add_drafts(self, chunk: ScheduledChunk, drafts: list[int], budget: int) -> ScheduledChunk:
         """Extends a decode chunk by draft tokens to verify in the same step, as many as
         `budget` (tokens left in the step) and the free blocks allow."""
         seq = chunk.seq
@@ -160,7 +159,6 @@ class Scheduler:
         self.blocks.allocate(seq.block_table, seq.num_computed + 1 + len(drafts))
         seq.token_ids += drafts
         seq.num_draft_tokens = len(drafts)
-        seq.draft_dists = dists[:len(drafts)] if dists is not None else None
         return ScheduledChunk(seq, 1 + len(drafts))
 
     def computed(self, chunk: ScheduledChunk, num_rejected: int = 0) -> None:

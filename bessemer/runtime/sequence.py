@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bessemer.runtime.random_stream import RandomStream
 from bessemer.runtime.sampling_params import SamplingParams
 
 
@@ -38,7 +39,7 @@ class Sequence:
     token_ids: list[int]  # prompt followed by generated tokens
     num_prompt_tokens: int
     params: SamplingParams
-    rng: np.random.Generator
+    stream: RandomStream  # the uniforms its tokens are drawn with, one per position
     num_computed: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
     block_keys: list[int] = field(default_factory=list)  # prefix-cache chain of its full blocks
@@ -51,9 +52,8 @@ class Sequence:
     text: str | None = None
     score: ScoreState | None = None  # set for a scored (not generated) sequence
     # Speculative decoding: during a step, the last num_draft_tokens of token_ids are
-    # drafts being verified (draft_dists: their distributions q, None for point masses)
+    # drafts being verified
     num_draft_tokens: int = 0
-    draft_dists: list | None = None
     grammar: object = None  # structured.GrammarState of a constrained sequence
     bad_words: list[list[int]] = field(default_factory=list)  # params.bad_words as token sequences
     # params.prompt_logprobs: one entry per prompt token computed so far (the first is None);

@@ -1,14 +1,13 @@
 """SequenceFactory: a request's prompt and params checked against the loaded engine, and
-its sequences made (ids in arrival order, each with its seeded generator)."""
+its sequences made (ids in arrival order, each with its random stream)."""
 
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-import numpy as np
-
 from bessemer.errors import RequestError
+from bessemer.runtime.random_stream import RandomStream
 from bessemer.runtime.sampler import bad_words_token_ids
 from bessemer.runtime.sampling_params import SamplingParams
 from bessemer.runtime.sequence import Sequence
@@ -18,8 +17,9 @@ from bessemer.runtime.tokenizer import Tokenizer
 class SequenceFactory:
     def __init__(self, vocab_size: int, max_seq_len: int, seed: int,
                  tokenizer: Callable[[], Tokenizer] | None):
-        """`seed` seeds a request without its own (with its arrival order); `tokenizer`
-        loads the engine's tokenizer (None: the engine has no tokenizer.json)."""
+        """`seed` keys the streams of a request without its own seed (with the sequence's
+        arrival order: runtime/random_stream.py); `tokenizer` loads the engine's tokenizer
+        (None: the engine has no tokenizer.json)."""
         self.vocab_size, self.max_seq_len, self.seed = vocab_size, max_seq_len, seed
         self._tokenizer = tokenizer
         self.next_id = 0
@@ -27,7 +27,8 @@ class SequenceFactory:
     def new(self, token_ids: list[int], params: SamplingParams, index: int = 0,
             generates: bool = True) -> Sequence:
         """Sequence `index` of a request's n. `generates`: it needs room for at least one
-        output token (scoring does not)."""
+        output token (scoring does not). Its stream's key is the request's seed + `index`,
+        or without a seed the engine's seed + its arrival order."""
         if not token_ids:
             raise RequestError("the prompt is empty; give at least one token")
         if len(token_ids) > self.max_seq_len - int(generates):
@@ -35,8 +36,8 @@ class SequenceFactory:
                 f"the prompt has {len(token_ids)} tokens but the engine allows {self.max_seq_len} "
                 f"(prompt and output); shorten the prompt or rebuild with a larger --max-seq-len")
         self.check_in_vocabulary(token_ids)
-        seed = params.seed + index if params.seed is not None else self.seed + self.next_id
-        seq = Sequence(self.next_id, list(token_ids), len(token_ids), params, np.random.default_rng(seed),
+        key = params.seed + index if params.seed is not None else self.seed + self.next_id
+        seq = Sequence(self.next_id, list(token_ids), len(token_ids), params, RandomStream(key),
                        arrival_time=time.perf_counter())
         if params.prompt_logprobs is not None and index == 0:  # the request's n sequences share one prompt
             seq.prompt_logprobs = [None]  # the first token has no context (vLLM)

@@ -1,8 +1,9 @@
 """Speculative decoding: draft k tokens cheaply, verify them in one target step.
 
 `config` says how (n-gram lookup or a draft engine), `ngram` and `draft_model` propose,
-`drafting` adds the proposals to a step's decode chunks, `rejection` decides what the target
-accepts (in runtime/sampling_step.py). The engine core (runtime/llm_engine.py) drives them;
+`drafting` adds the proposals to a step's decode chunks, `acceptance` decides what the target
+accepts (in runtime/sampling_step.py): the drafts equal to its own draws, so the output is
+the output without drafts. The engine core (runtime/llm_engine.py) drives them;
 the scheduler gives each drafting sequence 1 + k tokens and rolls back the KV of rejected
 ones.
 """

@@ -7,7 +7,10 @@ of tokens the target rejected is dropped (the mirror's computed prefix is cut ba
 what both sequences share); then it catches up on the tokens it has not seen and drafts
 k tokens, one decode step of the draft engine each, all drafting sequences batched.
 Greedy targets get the draft's argmax; sampled ones a draw from the draft's distribution
-q (temperature, top-k/p, min-p; no penalties), which the rejection rule needs.
+(temperature, top-k/p, min-p; no penalties) with the target sequence's own uniform for
+that position (runtime/random_stream.py): where the draft's distribution is close to the
+target's, the draft is the token the target draws there, which is what it accepts
+(acceptance.py).
 
 Catching up is bounded and shared. The draft pool caches prefixes like the target's
 (kv_cache.py): full blocks of target tokens are registered, so the n sequences of one
@@ -28,7 +31,7 @@ from bessemer.errors import EngineLoadError
 from bessemer.runtime.engine import Engine
 from bessemer.runtime.kv_cache import BlockManager
 from bessemer.runtime.model_runner import run_step
-from bessemer.runtime.sampler import distribution
+from bessemer.runtime.sampler import sample
 from bessemer.runtime.scheduler import ScheduledChunk
 from bessemer.runtime.sequence import Sequence
 
@@ -72,11 +75,9 @@ class DraftModelProposer:
         if mirror is not None:
             self.blocks.free(mirror.block_table)
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], list | None]]:
-        """requests: (target sequence, at most k drafts). Returns, per request, the drafts
-        and, for a sampled sequence, each draft's distribution (candidates, probs)."""
-        targets = {seq.seq_id: seq for seq, _ in requests}
-        results: dict[int, tuple[list[int], list]] = {seq.seq_id: ([], []) for seq, _ in requests}
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """requests: (target sequence, at most k drafts). Returns each one's drafts."""
+        results: dict[int, list[int]] = {seq.seq_id: [] for seq, _ in requests}
         want = {}
         for seq, k in requests:
             if len(seq.token_ids) + k <= self.max_seq_len:
@@ -99,19 +100,14 @@ class DraftModelProposer:
                                      m.block_keys)
                 if not completes:
                     continue
-                drafts, dists = results[m.seq_id]
-                token, dist = self._draw(targets[m.seq_id], logits[row])
+                drafts = results[m.seq_id]
+                token = self._draw(m, logits[row])
                 row += 1
                 drafts.append(token)
-                dists.append(dist)
                 m.token_ids.append(token)
                 if len(drafts) == want[m.seq_id]:
                     drafting.remove(m)
-        out = []
-        for seq, _ in requests:
-            drafts, dists = results[seq.seq_id]
-            out.append((drafts, dists if seq.params.temperature > 0 else None))
-        return out
+        return [results[seq.seq_id] for seq, _ in requests]
 
     def _schedule(self, drafting: list[Sequence], catch_up: int) -> tuple[list[ScheduledChunk], int]:
         """One draft step: each drafting mirror's pending tokens, within the step's token and
@@ -172,7 +168,7 @@ class DraftModelProposer:
         hold prompt tokens only, so the cut never reaches them."""
         mirror = self.mirrors.get(seq.seq_id)
         if mirror is None:
-            mirror = self.mirrors[seq.seq_id] = Sequence(seq.seq_id, [], 0, seq.params, seq.rng)
+            mirror = self.mirrors[seq.seq_id] = Sequence(seq.seq_id, [], 0, seq.params, seq.stream)
         seen = mirror.num_prompt_tokens
         limit = min(mirror.num_computed, len(seq.token_ids))
         same = min(seen, limit)
@@ -184,11 +180,10 @@ class DraftModelProposer:
         self.blocks.trim(mirror.block_table, mirror.num_computed)
 
     @staticmethod
-    def _draw(seq: Sequence, logits: np.ndarray) -> tuple[int, tuple | None]:
-        """logits: (vocab,) of the draft engine -> a draft token and q (None when greedy)."""
-        p = seq.params
-        if p.temperature <= 0:
-            return int(np.argmax(logits)), None
-        cands, probs = distribution(logits, p.temperature, p.top_k, p.top_p, p.min_p)
-        return int(cands[seq.rng.choice(len(cands), p=probs)]), (cands, probs)
+    def _draw(mirror: Sequence, logits: np.ndarray) -> int:
+        """logits: (vocab,) of the draft engine -> the draft for the mirror's next position,
+        drawn with the target's uniform for it (the mirror shares its target's stream and
+        positions)."""
+        p = mirror.params
+        return sample(logits, p.temperature, p.top_k, p.top_p, mirror.stream.uniform(len(mirror.token_ids)), p.min_p)
 

@@ -27,9 +27,9 @@ def add_drafts(batch: list[ScheduledChunk], proposer, scheduler: Scheduler, conf
     budget = scheduler.max_num_tokens - len(batch)
     out = []
     for c in batch:
-        drafts, dists = proposals.get(c.seq.seq_id, ([], None))
+        drafts = proposals.get(c.seq.seq_id, [])
         if drafts and budget > 0:
-            c = scheduler.add_drafts(c, drafts, dists, budget)
+            c = scheduler.add_drafts(c, drafts, budget)
             budget -= c.num_tokens - 1
         out.append(c)
     return out

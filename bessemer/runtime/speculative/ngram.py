@@ -15,9 +15,9 @@ class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> list[tuple[list[int], None]]:
-        """requests: (sequence, at most k drafts). Returns (drafts, None: point masses)."""
-        return [(lookup(seq.token_ids, k, self.ngram_min, self.ngram_max), None) for seq, k in requests]
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """requests: (sequence, at most k drafts). Returns each one's drafts."""
+        return [lookup(seq.token_ids, k, self.ngram_min, self.ngram_max) for seq, k in requests]
 
     def release(self, seq: Sequence) -> None:
         pass
