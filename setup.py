@@ -46,7 +46,7 @@ setup(
     description="Ahead-of-time LLM engine builder and runtime",
     packages=find_packages(include=["bessemer", "bessemer.*"]),
     # WikiText-2 validation text (CC BY-SA 3.0, see its README) for eval, gates and calibration
-    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*", "hamlet/*"],
+    package_data={"bessemer": ["py.typed"], "bessemer.datasets": ["wikitext-2/*", "hamlet/*", "python-code/*"],
                   "bessemer.serving_bench": ["prompts.jsonl"]},
     python_requires=">=3.10",
     install_requires=["numpy", "click", "pyyaml", "safetensors", "tokenizers", "jinja2", "psutil"],

@@ -1,10 +1,11 @@
-"""Quantization modes on SmolLM2 in one table: bits per weight, perplexity on two held-out
+"""Quantization modes on SmolLM2 in one table: bits per weight, perplexity on three held-out
 texts, and (with --repeats > 0) size, speed and build time; beside them llama.cpp's own GGUF
 types made from the same checkpoint and scored by llama.cpp on the same token windows.
 
 Texts (--texts): wikitext2 (WikiText-2 valid: its first --max-tokens tokens are scored, the
-calibrated modes calibrate on its second half) and hamlet (Shakespeare, bessemer/datasets:
-never used for calibration). Both are cut into windows of --context-len tokens by the
+calibrated modes calibrate on its second half), hamlet (Shakespeare) and python-code (CPython
+3.11.7's dataclasses.py: source code), these two in bessemer/datasets and never used for
+calibration. All are cut into windows of --context-len tokens by the
 protocol of `bessemer eval` (runtime/evaluate.py); every system scores the same token ids.
 
 Bits per weight (quantization/bits.py): every stored byte of the matrices (codes, scales,
@@ -22,7 +23,7 @@ interleaved. With --kv-dtypes float,int8,fp8 every mode is also built with that 
 (rows "MODE+kv-int8"), and --long-context N adds decode tok/s after an N-token prompt.
 
     python bench/quant.py --model DIR [--modes fp32,w4a16-g32,...] [--gguf q4_0,q4_k_m]
-        [--texts wikitext2,hamlet] [--repeats 0] [--max-tokens 8192] [--out bench/results]
+        [--texts wikitext2,hamlet,python-code] [--repeats 0] [--max-tokens 8192] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ MODES = {  # name -> (dtype, quant config or None)
     "fp8-lm-fp32": ("float32", dict(mode="fp8", lm_head="none")),
     # the MLP's down_proj (the input with the largest activation outliers) left unquantized
     "fp8-keep-down": ("float32", dict(mode="fp8", exclude_modules=("model.embed_tokens", "*.mlp.down_proj"))),
+    # SmoothQuant's migration of activation outliers into the weights before E4M3 (folded inputs)
+    "fp8-smooth-a0.5": ("float32", dict(mode="fp8", fp8_smoothing_alpha=0.5)),
+    # each token's activation scale refined by a power of two per group of G input columns
+    "fp8-g128": ("float32", dict(mode="fp8", fp8_act_group=128)),
+    "fp8-g64": ("float32", dict(mode="fp8", fp8_act_group=64)),
+    "fp8-g32": ("float32", dict(mode="fp8", fp8_act_group=32)),
+    "fp8-g32-nearest": ("float32", dict(mode="fp8", fp8_act_group=32, fp8_rounding="nearest")),
+    "fp8-g128-nearest": ("float32", dict(mode="fp8", fp8_act_group=128, fp8_rounding="nearest")),
+    "fp8-g32-smooth-a0.5": ("float32", dict(mode="fp8", fp8_act_group=32, fp8_smoothing_alpha=0.5)),
     "w8a16-lm-fp32": ("float32", dict(mode="w8a16", lm_head="none")),
 }
 
@@ -157,7 +167,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--modes", default=DEFAULT_MODES, help=f"Bessemer modes: {', '.join(MODES)}")
     ap.add_argument("--gguf", default=DEFAULT_GGUF, help=f"llama.cpp types ({', '.join(setup.GGUF_TYPES)}); '' for none")
-    ap.add_argument("--texts", default="wikitext2,hamlet", help="Built-in texts or files to score.")
+    ap.add_argument("--texts", default="wikitext2,hamlet,python-code", help="Built-in texts or files to score.")
     ap.add_argument("--dtype", default=None, help="Override the storage dtype of unquantized tensors.")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=0, help="Speed rounds (0: accuracy and size only).")

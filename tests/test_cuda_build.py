@@ -105,6 +105,8 @@ def test_runtime_arch_check_names_both_archs():
     (["--target", "cuda", "--quant", "w8a8-sq", "--calib-data", "wikitext2"], "no kernels for --quant w8a8-sq"),
     (["--target", "cuda", "--dtype", "bfloat16", "--kv-cache-dtype", "float32"], "drop --kv-cache-dtype float32"),
     (["--target", "cuda", "--tp", "2"], "drop --tp"),
+    (["--target", "cuda", "--quant", "fp8", "--fp8-rounding", "nearest", "--fp8-act-group", "32"],
+     "has no per-group activation scales; drop --fp8-act-group"),
     (["--gpu-arch", "sm_90"], "--target cuda only"),
     (["--dtype", "float16"], "float16 is a --target cuda dtype"),
 ])

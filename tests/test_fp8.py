@@ -78,6 +78,26 @@ def test_per_channel_weights_round_trip_and_sqnr():
     assert (np.abs(approx - w)[normal] <= np.abs(w)[normal] * 2.0 ** -4 + 1e-12).all()
 
 
+def test_smoothed_statistics_are_those_of_the_smoothed_input():
+    """GPTQ and the static scales of fp8 with smoothing read the statistics of x / s: the
+    transformed ones equal statistics computed on x / s directly (and the input is unchanged)."""
+    from bessemer.quantization.channel_scales import InputGroup
+    from bessemer.quantization.smoothquant import smoothed_statistics
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 12)).astype(np.float32) * np.exp2(rng.integers(-3, 6, 12)).astype(np.float32)
+    inv = np.exp2(rng.integers(-4, 4, 12)).astype(np.float32)  # 1/s
+    stats_of = lambda v: {"hessian": (v.T.astype(np.float64) @ v).astype(np.float32),  # noqa: E731
+                          "abs_max": np.abs(v).max(0), "abs_mean": np.abs(v).mean(0), "sample": v[:5], "rows": 300}
+    stats = {"a": stats_of(x), "b": stats_of(x)}
+    out = smoothed_statistics(stats, [InputGroup("a", ("m",), ("m.weight",), None)], {"a": inv})
+    want = stats_of(x * inv)
+    for k in ("hessian", "abs_max", "abs_mean", "sample"):
+        np.testing.assert_allclose(out["a"][k], want[k], rtol=1e-5, err_msg=k)
+    assert out["b"] is stats["b"] and stats["a"]["abs_max"] is not out["a"]["abs_max"]
+    np.testing.assert_array_equal(stats["a"]["abs_max"], np.abs(x).max(0))
+
+
 def test_activation_fake_quant():
     x = np.array([[0.1, -3.0, 7.5, 1000.0]], np.float32)
     s = fp8.activation_scale(7.5)
@@ -118,6 +138,24 @@ def test_fp8_config_and_options():
         QuantConfig("fp8", fp8_rounding="stochastic", calib_data="x.txt")
     with pytest.raises(InvalidOptionError, match="--act-order applies to w4a16-gptq and fp8"):
         QuantConfig("fp8", fp8_rounding="nearest", act_order=True, calib_data="x.txt")
+    # per-group activation scales: dynamic fp8 only, supported widths; recorded only when set
+    j = QuantConfig("fp8", fp8_rounding="nearest", fp8_act_group=32).to_json()
+    assert j["fp8_act_group"] == 32 and j["activation_granularity"] == "per_token_pow2_group32"
+    assert "fp8_act_group" not in QuantConfig("fp8", fp8_rounding="nearest").to_json()
+    with pytest.raises(InvalidOptionError, match="--fp8-act-group must be one of 16, 32, 64, 128, got 48"):
+        QuantConfig("fp8", fp8_rounding="nearest", fp8_act_group=48)
+    with pytest.raises(InvalidOptionError, match="--fp8-act-group applies to --quant fp8 with dynamic"):
+        QuantConfig("fp8", fp8_activations="static", fp8_act_group=32, calib_data="x.txt")
+    with pytest.raises(InvalidOptionError, match="--fp8-act-group applies"):
+        QuantConfig("w8a16", fp8_act_group=32)
+    # SmoothQuant migration for fp8: calibrated, alpha in [0, 1], fp8 only
+    assert QuantConfig("fp8", fp8_rounding="nearest", fp8_smoothing_alpha=0.5, calib_data="x.txt").needs_calibration
+    with pytest.raises(InvalidOptionError, match="needs calibration text"):
+        QuantConfig("fp8", fp8_rounding="nearest", fp8_smoothing_alpha=0.5)
+    with pytest.raises(InvalidOptionError, match=r"--fp8-smoothing-alpha must be in \[0, 1\], got 1.5"):
+        QuantConfig("fp8", fp8_smoothing_alpha=1.5, calib_data="x.txt")
+    with pytest.raises(InvalidOptionError, match="applies to --quant fp8 only; w8a8-sq takes --smoothquant-alpha"):
+        QuantConfig("w8a8-sq", fp8_smoothing_alpha=0.5, calib_data="x.txt")
 
 
 # ---------------------------------------------------------------- engines
@@ -149,10 +187,10 @@ def _with_tokenizer(ckpt: Path, out: Path) -> Path:
     return out
 
 
-def _fake_quantize_hf(model, scales: dict | None):
+def _fake_quantize_hf(model, scales: dict | None, act_group: int = 0):
     """HF model with dequantize(quantize(w)) weights and a pre-hook that rounds each linear's
     input to E4M3 with the static scale of that input (scales: input key -> s_x), or with
-    each token's own scale (scales None: dynamic)."""
+    each token's own scale (scales None: dynamic), refined per act_group columns."""
     import torch
 
     handles = []
@@ -167,6 +205,9 @@ def _fake_quantize_hf(model, scales: dict | None):
                 shape = x.shape
                 x = x.reshape(-1, shape[-1])  # (tokens, K)
                 xs = fp8.token_scales(x) if s is None else s
+                if act_group:
+                    xq = fp8.quantize_activation_grouped(x, xs, act_group) * xs
+                    return (torch.from_numpy(xq.reshape(shape)),)
                 return (torch.from_numpy(fp8.fake_quant_activation(x, xs).reshape(shape)),)
 
             handles.append(mod.register_forward_pre_hook(round_input))
@@ -174,15 +215,18 @@ def _fake_quantize_hf(model, scales: dict | None):
 
 
 @pytest.mark.parametrize("kind,activations", [("llama-untied", "static"), ("qwen2", "static"),
-                                              ("llama-untied", "dynamic"), ("qwen2", "dynamic")])
+                                              ("llama-untied", "dynamic"), ("qwen2", "dynamic"),
+                                              ("llama-untied", "dynamic-g16"), ("qwen2", "dynamic-g16")])
 def test_fp8_engine_matches_fake_quantized_hf(kind, activations, tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     ckpt = _with_tokenizer(tiny_checkpoint(kind), tmp_path / "hf")
     calib = _calib_text(tmp_path)
     # the oracle below runs lm_head in fp32 (the int8 lm_head has its own test in test_quantization)
     # and rounds weights to nearest (GPTQ's codes: test_calibrated_quant, SmolLM2 gate below)
+    activations, _, group = activations.partition("-g")
     quant = QuantConfig("fp8", calib_data=str(calib), calib_samples=4, calib_seq_len=64, lm_head="none",
-                        fp8_rounding="nearest", fp8_activations=activations)
+                        fp8_rounding="nearest", fp8_activations=activations,
+                        fp8_act_group=int(group) if group else None)
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     report = json.loads((engine / "build_report.json").read_text())
     config = json.loads((engine / "config.json").read_text())
@@ -191,7 +235,10 @@ def test_fp8_engine_matches_fake_quantized_hf(kind, activations, tiny_checkpoint
     if activations == "dynamic":  # per-token scales in the kernel: nothing stored, nothing calibrated
         assert "linear_fp8@2" in config["plugins"] and "linear_fp8@1" not in config["plugins"]
         assert not any(n.endswith(".input_scale") for n in tensors) and report["calibration"] is None
-        _check_logits(LLM(engine, num_threads=2), kind, tiny_checkpoint, scales=None)
+        if group:  # the kernel's attr, recorded per weight
+            assert all(e["activation_scales"] == f"dynamic per token, 2^-e per {group} columns"
+                       for e in report["quant_error"].values())
+        _check_logits(LLM(engine, num_threads=2), kind, tiny_checkpoint, scales=None, act_group=int(group or 0))
         return
 
     # the engine records a static scale per linear input: calibrated max|x| / 448
@@ -206,14 +253,14 @@ def test_fp8_engine_matches_fake_quantized_hf(kind, activations, tiny_checkpoint
     _check_logits(LLM(engine, num_threads=2), kind, tiny_checkpoint, scales)
 
 
-def _check_logits(llm, kind, tiny_checkpoint, scales):
+def _check_logits(llm, kind, tiny_checkpoint, scales, act_group=0):
     """The engine's logits vs HF with the same fake-quantized weights and activations."""
     import copy
 
     import torch
 
     hf_fp32 = _hf_model(str(tiny_checkpoint(kind)), "float32")
-    hf, handles = _fake_quantize_hf(copy.deepcopy(hf_fp32), scales)
+    hf, handles = _fake_quantize_hf(copy.deepcopy(hf_fp32), scales, act_group)
     prompts = [list(range(5, 45)), [7, 8, 9], list(range(100, 240, 3))]
     try:
         for ids, got in zip(prompts, llm.score(prompts, num_prefill=2)):

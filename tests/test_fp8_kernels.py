@@ -27,9 +27,10 @@ from bessemer.quantization.primitives import sqnr_db  # noqa: E402
 V = 50  # embedding rows (activation rows are picked from them)
 
 
-def fp8_plan(N, K, bias, x_col=3, y_col=2, version=1):
+def fp8_plan(N, K, bias, x_col=3, y_col=2, version=1, act_group=0):
     ws = ["q", "s"] + (["xs"] if version == 1 else []) + (["b"] if bias else [])
-    lin = step("linear_fp8", [[0, x_col, K]], [[1, y_col, N]], ws, version=version)
+    lin = step("linear_fp8", [[0, x_col, K]], [[1, y_col, N]], ws, {"act_group": act_group} if act_group else None,
+               version=version)
     return make_plan([(K + x_col, "tokens"), (N + y_col + 3, "tokens")],
                      [emb_step([0, x_col, K]), lin], [1, y_col, N], N)
 
@@ -40,16 +41,16 @@ def fp8_entries(codes, scale, x_scale):
         ([f32_entry("xs", np.array([x_scale], np.float32))] if x_scale is not None else [])
 
 
-def run_fp8(tmp_path, W, table, tokens, isa, threads, bias=None, x_scale=None, version=1):
+def run_fp8(tmp_path, W, table, tokens, isa, threads, bias=None, x_scale=None, version=1, act_group=0):
     N, K = W.shape
     codes, scale = fp8.quantize_fp8_per_channel(W)
     if x_scale is None and version == 1:
         x_scale = fp8.activation_scale(np.abs(table[tokens]).max())
     ents = [f32_entry("emb", table)] + fp8_entries(codes, scale, x_scale) + \
         ([f32_entry("b", bias)] if bias is not None else [])
-    path = write(tmp_path / "fp8.engine", fp8_plan(N, K, bias is not None, version=version), ents)
+    path = write(tmp_path / "fp8.engine", fp8_plan(N, K, bias is not None, version=version, act_group=act_group), ents)
     out = run_flat(executor(path, isa, threads), tokens)
-    return out, fp8.linear_fp8_reference(table[tokens], codes, scale, x_scale, bias)
+    return out, fp8.linear_fp8_reference(table[tokens], codes, scale, x_scale, bias, act_group=act_group)
 
 
 CASES = [  # M, N, K, bias, threads
@@ -92,6 +93,85 @@ def test_linear_fp8_dynamic(tmp_path, isa, M, N, K, bias, threads):
     # relative to each row's own magnitude: rows span 2^24
     rows = np.abs(ref).max(axis=1, keepdims=True) + (np.abs(b).max() if bias else 0) + 1e-30
     assert_close(out / rows, ref / rows, tol.FP8_LINEAR_RTOL, tol.FP8_LINEAR_ATOL, "linear_fp8@2")
+
+
+def outlier_rows(rng, K):
+    """(V, K) activations whose rows span 2^24 in magnitude, with one huge column per row (a
+    token's massive activation) so that most groups sit far below the row's max, an all-zero
+    row and a row with an all-zero group."""
+    table = rng.standard_normal((V, K)).astype(np.float32) * np.exp2(rng.integers(-12, 12, V))[:, None]
+    big = rng.integers(0, K, V)
+    table[np.arange(V), big] *= np.exp2(rng.integers(4, 20, V)).astype(np.float32)
+    table[0] = 0.0
+    table[1, : min(K, 32)] = 0.0
+    return table
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("group", [16, 32, 128])
+@pytest.mark.parametrize("M,N,K,bias,threads", [c for i, c in enumerate(CASES) if i % 2 == 0] + [(4, 40, 576, True, 2)])
+def test_linear_fp8_dynamic_groups(tmp_path, isa, group, M, N, K, bias, threads):
+    """@2 with act_group: per-group power-of-two sub-scales (K blocks that do not start on a
+    group boundary: K 1031 and 7000, ragged last groups: K 97, 576 with G 128)."""
+    rng = np.random.default_rng(M * 1000 + N + K + group)
+    table = outlier_rows(rng, K)
+    W = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    tokens = rng.integers(0, min(V, N), M)
+    tokens[0] = 0
+    if M > 1 and N > 1:  # the row with an all-zero group
+        tokens[1] = 1
+    out, ref = run_fp8(tmp_path, W, table, tokens, isa, threads, b, version=2, act_group=group)
+    rows = np.abs(ref).max(axis=1, keepdims=True) + (np.abs(b).max() if bias else 0) + 1e-30
+    assert_close(out / rows, ref / rows, tol.FP8_LINEAR_RTOL, tol.FP8_LINEAR_ATOL, "linear_fp8@2 act_group")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_linear_fp8_groups_are_batch_invariant(tmp_path, isa):
+    """A row's output is bit-identical alone and inside batches of any size (group exponents
+    and scales are per row; K 1100 has two K blocks, the second starting inside a group)."""
+    N, K, G = 200, 1100, 32
+    rng = np.random.default_rng(3)
+    table = outlier_rows(rng, K)
+    codes, scale = fp8.quantize_fp8_per_channel((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
+    ents = [f32_entry("emb", table)] + fp8_entries(codes, scale, None)
+    ex = executor(write(tmp_path / "inv.engine", fp8_plan(N, K, False, version=2, act_group=G), ents), isa, 2)
+    tokens = rng.integers(0, V, 37)
+    batch = run_flat(ex, tokens)
+    for i in (0, 5, 36):
+        np.testing.assert_array_equal(run_flat(ex, tokens[i:i + 1])[0], batch[i])
+    np.testing.assert_array_equal(run_flat(ex, tokens[:7]), batch[:7])
+
+
+def test_group_exponents_and_activations_are_exact(tmp_path):
+    """One-hot weights expose the quantized activations of @2 with act_group 16: each equals
+    quantize_activation_grouped * s_x, so the kernels' group exponents are the reference's
+    integers (powers of two at the bounds: max|group| * 2^e == max|row| exactly)."""
+    K, G = 48, 16
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((20, K)).astype(np.float32)
+    table[:, 16:] *= 1e-3  # per token: E4M3 subnormals (x / s ~ 5e-4), per group: normals
+    table[:, 0] = 1000.0  # row max in group 0
+    table[0, 16:32] = 1000.0 / 8  # exactly 2^-3 of the row max: e = 3
+    table[0, 32:] = np.float32(1000.0 / 8) * np.float32(1.0000001)  # just above: e = 2
+    table[1, 16:] = 1e-30  # e capped at 64
+    table[2] = 0.0
+    R = K  # output n copies input column n
+    codes = np.zeros((R, K), np.uint8)
+    codes[np.arange(R), np.arange(R)] = 0x38
+    ents = [f32_entry("emb", table)] + fp8_entries(codes, np.ones(R, np.float32), None)
+    path = write(tmp_path / "eye.engine", fp8_plan(R, K, False, version=2, act_group=G), ents)
+    e = fp8.group_exponents(table, G)
+    assert e[0].tolist() == [0, 3, 2] and e[1, 1] == fp8.GROUP_EXP_MAX
+    s = fp8.token_scales(table)
+    want = fp8.quantize_activation_grouped(table, s, G) * s
+    # grouped quantization is never worse than per token and much better on the small groups
+    err_g = np.abs(want - table)[3:, 16:].max()
+    err_t = np.abs(fp8.fake_quant_activation(table, s) - table)[3:, 16:].max()
+    assert err_g < err_t / 4
+    for isa in ISAS:
+        out = run_flat(executor(path, isa, 1), np.arange(len(table)))
+        np.testing.assert_array_equal(out[:, :K], want, err_msg=isa)
 
 
 def test_activation_rounding_is_exact(tmp_path):
@@ -161,3 +241,6 @@ def test_fp8_errors(tmp_path):
     # @2 (dynamic scales) reads no input_scale: the third weight is a bias of shape [N]
     load_err(fp8_plan(N, K, True, version=2), [emb, q, s, f32_entry("b", np.array([0.5], np.float32))],
              r"linear_fp8@2: weight b: shape \[1\], expected \[40\]")
+    # act_group: dynamic scales only, and one of the supported widths
+    load_err(fp8_plan(N, K, False, version=2, act_group=48), [emb, q, s], "act_group must be 16, 32, 64 or 128")
+    load_err(fp8_plan(N, K, False, version=1, act_group=32), [emb, q, s, xs], "act_group must be .* on @1")

@@ -14,7 +14,7 @@ Schema (unknown fields are errors; relative paths are relative to the engines.ya
           tp: 1                      # kv_cache_dtype
           quant: w8a16               # w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w4a8 | w8a8-sq | fp8; the
           group_size: 128            # fields below need it: zero_point, exclude_modules (list),
-          calib_data: calib.txt      # (a file, or wikitext2) lm_head, act_order, fp8_rounding, fp8_activations, calib_samples, calib_seq_len,
+          calib_data: calib.txt      # (a file, or wikitext2) lm_head, act_order, fp8_rounding, fp8_activations, fp8_act_group, fp8_smoothing_alpha, calib_samples, calib_seq_len,
                                      # smoothquant_alpha, calib_backend, o_proj_smoothing
         gates:                       # optional; without gates an engine passes once it is built
           perplexity:                # engine vs HF transformers fp32 on the same tokens
@@ -48,7 +48,8 @@ ENTRY_FIELDS = {"name": True, "source": True, "build": False, "gates": False}  #
 BUILD_FIELDS = {"dtype": str, "max_seq_len": int, "max_batch_size": int, "max_num_tokens": int,
                 "kv_block_size": int, "kv_cache_dtype": str, "tp": int}
 QUANT_FIELDS = {"quant": str, "group_size": int, "zero_point": bool, "exclude_modules": list,
-                "lm_head": str, "act_order": bool, "fp8_rounding": str, "fp8_activations": str, "calib_data": Path, "calib_samples": int, "calib_seq_len": int,
+                "lm_head": str, "act_order": bool, "fp8_rounding": str, "fp8_activations": str,
+                "fp8_act_group": int, "fp8_smoothing_alpha": float, "calib_data": Path, "calib_samples": int, "calib_seq_len": int,
                 "smoothquant_alpha": float, "calib_backend": str, "o_proj_smoothing": str}
 PPL_FIELDS = {"dataset": True, "context_len": False, "max_tokens": False, "max_increase_pct": True}
 GREEDY_FIELDS = {"prompts": True, "max_new_tokens": False, "min_agreement": True}

@@ -59,12 +59,30 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
                                quant.act_order, quant.uses_gptq,
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
+    if quant.mode == "fp8" and quant.fp8_smoothing_alpha is not None:
+        _smooth_fp8(ckpt, groups, quant.fp8_smoothing_alpha, result, say)
     if quant.algorithm == "awq":
         t = time.perf_counter()
         result.transforms, per_group = awq_transforms(ckpt.get, groups, stats,
                                                       quant.group_size, quant.zero_point, say)
         result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
     return result
+
+
+def _smooth_fp8(ckpt, groups, alpha: float, result: CalibrationResult, say) -> None:
+    """fp8 with SmoothQuant's migration: the folded factors become transforms, and GPTQ and the
+    static input scales see the statistics of the smoothed inputs x / s."""
+    from bessemer.quantization.smoothquant import smoothed_statistics, smoothquant_transforms
+
+    act_amax = {k: v["abs_max"] for k, v in result.stats.items()}
+    result.transforms, _, per_group = smoothquant_transforms(ckpt.get, groups, act_amax, alpha)
+    inverse = {}
+    for g in groups:
+        if g.key in per_group:  # smoothed: 1/s is the column factor's inverse
+            inverse[g.key] = (1.0 / result.transforms[g.weights[0]].col).astype("float32")
+    result.stats = smoothed_statistics(result.stats, groups, inverse)
+    result.report["fp8_smoothing"] = per_group
+    say(f"fp8: SmoothQuant factors for {len(per_group)} inputs (alpha {alpha})")
 
 
 def _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed) -> CalibrationResult:

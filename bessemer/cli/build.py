@@ -69,14 +69,20 @@ def _load_yaml(path: str) -> dict:
 @click.option("--fp8-activations", type=click.Choice(["dynamic", "static"]),
               help="fp8: activation scales per token in the kernel, or one calibrated scale per linear input. "
                    "[default: dynamic]")
+@click.option("--fp8-act-group", type=click.Choice(["16", "32", "64", "128"]), default=None,
+              help="fp8 dynamic: refine each token's scale by a power of two per group of this many input "
+                   "columns. [default: one scale per token]")
+@click.option("--fp8-smoothing-alpha", type=float,
+              help="fp8: SmoothQuant migration of activation outliers into the weights, strength in [0, 1]. "
+                   "[default: none]")
 @click.option("--dump-ir", type=click.Path(path_type=str), help="Write the graph after each pass phase here.")
 @click.option("--config", "config_file", type=click.Path(path_type=str), help="YAML file with the same options; flags win.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
          workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
-         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, fp8_activations, dump_ir,
-         config_file, quiet):
+         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, fp8_activations, fp8_act_group,
+         fp8_smoothing_alpha, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     # SIGTERM unwinds like an error: the build's cleanup removes its temp directory
     signal.signal(signal.SIGTERM, _terminated)
@@ -88,6 +94,7 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
                  tp_size=tp_size, workers=workers, output=output, dump_ir=dump_ir,
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  fp8_rounding=fp8_rounding, fp8_activations=fp8_activations, lm_head=lm_head,
+                 fp8_act_group=int(fp8_act_group) if fp8_act_group else None, fp8_smoothing_alpha=fp8_smoothing_alpha,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)

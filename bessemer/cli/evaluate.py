@@ -11,7 +11,7 @@ from bessemer.cli.common import Progress, gpu_kwargs, gpu_options, user_errors
 
 @click.command(name="eval", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("engine_dir", type=click.Path(path_type=str))
-@click.option("--dataset", required=True, type=str, help="Plain-text file, or a built-in text: wikitext2, hamlet.")
+@click.option("--dataset", required=True, type=str, help="Plain-text file, or a built-in text: wikitext2, hamlet, python-code.")
 @click.option("--context-len", type=int, default=1024, show_default=True, help="Tokens per window.")
 @click.option("--max-tokens", type=int, default=8192, show_default=True, help="Score the first N tokens.")
 @click.option("--reference", type=click.Path(path_type=str), help="HF checkpoint to score the same way.")

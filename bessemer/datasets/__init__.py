@@ -4,7 +4,8 @@
 (calibrated quantization) name the WikiText-2 validation split in this package
 (wikitext-2/README.md: source and CC BY-SA 3.0 license); `--dataset hamlet` names Shakespeare's
 Hamlet (hamlet/README.md: public domain, transcription MIT), a second held-out text that no
-calibration uses; any other value is a file path.
+calibration uses; `--dataset python-code` names a third, of another genre: a module of CPython's
+standard library (python-code/README.md: PSF License); any other value is a file path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 
 # name -> file in this package
-BUILTIN_TEXTS = {"wikitext2": "wikitext-2/valid.txt", "hamlet": "hamlet/hamlet.txt"}
+BUILTIN_TEXTS = {"wikitext2": "wikitext-2/valid.txt", "hamlet": "hamlet/hamlet.txt",
+                 "python-code": "python-code/dataclasses.py.txt"}
 
 
 def text_path(name_or_path: str | Path, base: Path | None = None) -> Path:
@@ -34,3 +36,8 @@ def wikitext2_valid() -> Path:
 def hamlet() -> Path:
     """Shakespeare's Hamlet: a held-out text of another register (tests, benchmarks)."""
     return text_path("hamlet")
+
+
+def python_code() -> Path:
+    """CPython 3.11.7's dataclasses.py: held-out source code, a third genre (tests, benchmarks)."""
+    return text_path("python-code")

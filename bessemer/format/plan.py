@@ -92,7 +92,10 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
     linear_fp8@2   as @1 with a dynamic scale per token: weights [codes, scales, bias?] (no
                    input_scale); s_x[t] = max_k |x[t, k]| / 448 (1 for an all-zero row),
                    computed in the kernel; y[t] = (e4m3(x[t] / s_x[t]) @ decode(codes).T) *
-                   s_x[t] * scales (+ bias). What the builder emits for fp8 by default
+                   s_x[t] * scales (+ bias). What the builder emits for fp8 by default.
+                   attrs act_group (0/absent, 16, 32, 64 or 128): columns [iG, (i+1)G) of row t
+                   use s_x[t] * 2^-e[t, i] instead, e the largest integer in [0, 64] with
+                   max|x[t, group i]| * 2^e <= max|x[t]| (quantization/fp8.py group_exponents)
     silu_mul@1     ins [gate, up]; outs [h]; h = silu(gate) * up
     gelu_tanh_mul@1 ins [gate, up]; outs [h]; h = gelu_tanh(gate) * up (Gemma's MLP)
     scale@1        ins [x]; outs [y]; attrs factor; y = x * factor (Gemma's embeddings, Granite)

@@ -63,6 +63,7 @@ FP8_ROUNDINGS = ("nearest", "gptq")
 # linear_fp8@2) or "static" (one per linear input, the calibrated max|x| / 448: linear_fp8@1).
 FP8_ACTIVATIONS = ("dynamic", "static")
 FP8_ACTIVATIONS_DEFAULT = "dynamic"
+FP8_ACT_GROUPS = (16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ class QuantConfig:
     act_order: bool | None = None
     fp8_rounding: str | None = None  # fp8: FP8_ROUNDINGS; None: "gptq" (see FP8_ROUNDINGS)
     fp8_activations: str | None = None  # fp8: FP8_ACTIVATIONS; None: FP8_ACTIVATIONS_DEFAULT
+    # fp8: SmoothQuant's migration before E4M3 (quantization/smoothquant.py, folded factors
+    # only), s = max|x|^alpha / max|w|^(1 - alpha); None: no migration
+    fp8_smoothing_alpha: float | None = None
+    # fp8 dynamic: each token's scale refined by a power of two per group of this many input
+    # columns (FP8_ACT_GROUPS, linear_fp8@2 attr act_group); None: one scale per token
+    fp8_act_group: int | None = None
     calib_data: str | None = None  # plain-text file (AWQ and GPTQ)
     calib_samples: int = 64
     calib_seq_len: int = 512
@@ -113,6 +120,18 @@ class QuantConfig:
         if self.fp8_rounding not in FP8_ROUNDINGS:
             raise InvalidOptionError(f"--fp8-rounding must be one of {', '.join(FP8_ROUNDINGS)}, "
                                      f"got {self.fp8_rounding!r}")
+        if self.fp8_smoothing_alpha is not None:
+            if self.mode != "fp8":
+                raise InvalidOptionError("--fp8-smoothing-alpha applies to --quant fp8 only; "
+                                         "w8a8-sq takes --smoothquant-alpha")
+            if not 0.0 <= self.fp8_smoothing_alpha <= 1.0:
+                raise InvalidOptionError(f"--fp8-smoothing-alpha must be in [0, 1], got {self.fp8_smoothing_alpha}")
+        if self.fp8_act_group is not None:
+            if self.mode != "fp8" or self.fp8_activations != "dynamic":
+                raise InvalidOptionError("--fp8-act-group applies to --quant fp8 with dynamic activations only")
+            if self.fp8_act_group not in FP8_ACT_GROUPS:
+                raise InvalidOptionError(f"--fp8-act-group must be one of {', '.join(map(str, FP8_ACT_GROUPS))}, "
+                                         f"got {self.fp8_act_group}")
         if self.fp8_rounding != "nearest" and self.mode != "fp8":
             raise InvalidOptionError("--fp8-rounding applies to --quant fp8 only")
         if self.act_order and not self.uses_gptq:
@@ -161,7 +180,8 @@ class QuantConfig:
     def needs_calibration(self) -> bool:
         """fp8 with dynamic activation scales and round-to-nearest codes has nothing to calibrate."""
         if self.mode == "fp8":
-            return self.fp8_activations == "static" or self.fp8_rounding == "gptq"
+            return (self.fp8_activations == "static" or self.fp8_rounding == "gptq"
+                    or self.fp8_smoothing_alpha is not None)
         return self.algorithm in CALIBRATED
 
     def to_json(self) -> dict:
@@ -173,6 +193,11 @@ class QuantConfig:
         if self.mode == "fp8" and self.fp8_activations == "static":  # one per linear input, in the rank file
             d.update(activation_dtype="float8_e4m3", activation_granularity="per_tensor",
                      activation_scales="static: calibrated max|x| / 448 (tensor <weight>.input_scale)",
+                     weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
+        elif self.mode == "fp8" and self.fp8_act_group:
+            d.update(activation_dtype="float8_e4m3", activation_granularity=f"per_token_pow2_group{self.fp8_act_group}",
+                     activation_scales=f"dynamic: max|x| / 448 of each token times 2^-e per {self.fp8_act_group} "
+                                       "columns (e: the group's headroom below the token's max), in the kernel",
                      weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
         elif self.mode == "fp8":
             d.update(activation_dtype="float8_e4m3", activation_granularity="per_token",
@@ -186,6 +211,9 @@ class QuantConfig:
         if self.mode != "fp8":
             d.pop("fp8_rounding")
             d.pop("fp8_activations")
+        for key in ("fp8_smoothing_alpha", "fp8_act_group"):  # engines built without them keep their config.json
+            if d[key] is None:
+                d.pop(key)
         if self.act_bits == 8:
             d.update(act_bits=8, act_granularity="per_token_dynamic" if self.bits == 8 else "per_token_group_dynamic",
                      act_symmetric=True)

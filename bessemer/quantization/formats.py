@@ -273,6 +273,9 @@ class Fp8E4M3(StoredFormat):
     scale per weight, from the calibrated max |x|, stored as <weight>.input_scale."""
 
     dynamic: bool = True
+    # dynamic only: the kernel refines each token's scale by a power of two per group of this
+    # many input columns (linear_fp8@2 attr act_group; quantization/fp8.py group_exponents); 0: none
+    act_group: int = 0
     key = "fp8_e4m3"
     bits = 8
     gptq_codes = True
@@ -309,8 +312,9 @@ class Fp8E4M3(StoredFormat):
         return fp8.dequantize_fp8_per_channel(q["codes"], q["scales"])
 
     def stats(self, w, q):
+        per_token = f"dynamic per token, 2^-e per {self.act_group} columns" if self.act_group else "dynamic per token"
         stats = dict(super().stats(w, q), dtype="float8_e4m3",
-                     activation_scales="dynamic per token" if self.dynamic else "static")
+                     activation_scales=per_token if self.dynamic else "static")
         if not self.dynamic:
             stats.update(input_amax=float(q["input_amax"]), input_scale=float(q["input_scale"][0]))
         return stats
@@ -441,7 +445,7 @@ def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat
     if quant.act_bits == 8 and quant.bits == 8:
         return W8A8(smooth=smooth)
     if quant.weight_dtype == "float8_e4m3":
-        return Fp8E4M3(dynamic=quant.fp8_activations == "dynamic")
+        return Fp8E4M3(dynamic=quant.fp8_activations == "dynamic", act_group=quant.fp8_act_group or 0)
     if quant.bits == 8:
         return Int8PerChannel()
     group = prim.effective_group_size(in_features, quant.group_size)

@@ -86,6 +86,37 @@ def token_scales(x: np.ndarray) -> np.ndarray:
     return np.where(amax > 0, amax / np.float32(E4M3_MAX), 1.0).astype(np.float32)[:, None]
 
 
+GROUP_EXP_MAX = 64  # cap of a group's exponent: E4M3 values times 2^-64 stay normal in fp32 and bf16
+
+
+def group_exponents(x: np.ndarray, group: int) -> np.ndarray:
+    """linear_fp8@2 with act_group G: each group of G columns of a row (the last one may be
+    shorter) gets e = the largest integer in [0, GROUP_EXP_MAX] with max|x[t, group]| * 2^e
+    <= max|x[t]| (0 for an all-zero group): the group is quantized with the row's scale times
+    2^-e, as OCP MX formats scale blocks by powers of two. Exact (frexp, no division), so the
+    kernels compute the same integers. x: (T, K) -> (T, ceil(K / G)) int32."""
+    a = np.abs(np.asarray(x, np.float32))
+    T, K = a.shape
+    starts = np.arange(0, K, group)
+    amax_g = np.maximum.reduceat(a, starts, axis=1) if K else np.zeros((T, 0), np.float32)
+    amax_r = a.max(axis=1, keepdims=True) if K else np.zeros((T, 1), np.float32)
+    mr, er = np.frexp(amax_r)
+    mg, eg = np.frexp(amax_g)
+    e = er - eg - (mg > mr)
+    return np.where(amax_g > 0, np.clip(e, 0, GROUP_EXP_MAX), 0).astype(np.int32)
+
+
+def quantize_activation_grouped(x: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
+    """What linear_fp8@2 with act_group G multiplies by the weights before its epilogue's
+    per-row scale: e4m3(x / (s * 2^-e)) * 2^-e per group (group_exponents), float32 (exact:
+    powers of two). x: (T, K), scale: (T, 1) -> (T, K)."""
+    x = np.asarray(x, np.float32)
+    e = np.repeat(group_exponents(x, group), group, axis=1)[:, :x.shape[1]]
+    p = np.ldexp(np.float32(1.0), -e).astype(np.float32)  # 2^-e
+    s_g = (np.asarray(scale, np.float32) * p).astype(np.float32)
+    return (round_to_e4m3(x / s_g) * p).astype(np.float32)
+
+
 def quantize_activation(x: np.ndarray, scale) -> np.ndarray:
     """E4M3 values of x / scale (fp32 division, then round_to_e4m3): what linear_fp8 feeds
     its GEMM. x: (T, K) -> (T, K) float32 on the E4M3 grid; scale: a float (static) or
@@ -99,11 +130,17 @@ def fake_quant_activation(x: np.ndarray, scale) -> np.ndarray:
 
 
 def linear_fp8_reference(x: np.ndarray, codes: np.ndarray, w_scale: np.ndarray, x_scale: float | None,
-                         bias: np.ndarray | None = None) -> np.ndarray:
+                         bias: np.ndarray | None = None, act_group: int = 0) -> np.ndarray:
     """What linear_fp8 computes, in float64: (e4m3(x / s_x) @ decode(codes).T) * s_x * s_w,
-    s_x the static scale (@1) or, x_scale None, each token's own (token_scales, @2).
+    s_x the static scale (@1) or, x_scale None, each token's own (token_scales, @2), refined
+    per act_group columns by a power of two when act_group > 0 (quantize_activation_grouped).
     x: (T, K), codes: (N, K) -> (T, N)."""
     s_x = token_scales(x) if x_scale is None else np.float32(x_scale)
-    xq = quantize_activation(x, s_x).astype(np.float64)
+    if act_group:
+        if x_scale is not None:
+            raise ValueError("act_group applies to dynamic per-token scales (linear_fp8@2) only")
+        xq = quantize_activation_grouped(x, s_x, act_group).astype(np.float64)
+    else:
+        xq = quantize_activation(x, s_x).astype(np.float64)
     y = xq @ decode_e4m3(codes).astype(np.float64).T * (np.asarray(s_x, np.float64) * np.asarray(w_scale, np.float64))
     return y + (0.0 if bias is None else np.asarray(bias, np.float64))

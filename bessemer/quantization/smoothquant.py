@@ -80,3 +80,25 @@ def smoothquant_transforms(get, groups: list[InputGroup], act_amax: dict, alpha:
         report[group.key] = {"act_spread": round(float(a.max() / max(np.median(a), EPS)), 2),
                              "act_spread_smoothed": round(float(after.max() / max(np.median(after), EPS)), 2)}
     return scales.transforms, multipliers, report
+
+
+def smoothed_statistics(stats: dict, groups: list[InputGroup], inverse: dict) -> dict:
+    """The calibration statistics of the smoothed inputs x / s, from those of x (exact: the
+    fold is exact in fp32). inverse: {group key: (K,) 1/s}; other inputs are unchanged.
+    hessian (K, K) -> H * (1/s)(1/s)^T, abs_max and abs_mean (K,) -> times 1/s; the stored
+    statistics are not modified (they may be the calibration cache's)."""
+    out = dict(stats)
+    for group in groups:
+        inv = inverse.get(group.key)
+        if inv is None:
+            continue
+        inv = np.asarray(inv, np.float32)
+        s = dict(stats[group.key])
+        if s.get("hessian") is not None:
+            s["hessian"] = (s["hessian"] * inv[:, None] * inv[None, :]).astype(np.float32)
+        for k in ("abs_max", "abs_mean"):
+            s[k] = (s[k] * inv).astype(np.float32)
+        if "sample" in s:
+            s["sample"] = (s["sample"] * inv).astype(np.float32)
+        out[group.key] = s
+    return out

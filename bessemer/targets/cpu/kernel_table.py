@@ -68,7 +68,9 @@ QUANT_KERNELS = {
     ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
                                                      {"has_smooth": 1} if fmt.smooth else {}),
     # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one
-    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"}),
+    # (act_group: power-of-two sub-scales per group of input columns, @2 only)
+    ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"},
+                                                        {"act_group": fmt.act_group} if fmt.act_group else {}),
     ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("embedding_w8a16", 1, {"codes": "panel16"}),
     ("moe", ExpertStack): lambda fmt, shape: _experts(fmt, fmt.rows_shape(shape)),
     ("moe", Mxfp4Experts): lambda fmt, shape: QuantKernel("moe_mxfp4", 1, {}),

@@ -31,6 +31,9 @@ class CudaTarget(Target):
         if build.resolved_gpu_arch not in GPU_ARCHS:
             raise InvalidOptionError(f"--gpu-arch {build.gpu_arch!r} is not supported; use one of {', '.join(GPU_ARCHS)}")
         super().check_build(build)  # quantized formats without a kernel here (kernel_table.py)
+        if build.quant is not None and build.quant.fp8_act_group:
+            raise InvalidOptionError("--target cuda's fp8 kernel has no per-group activation scales; "
+                                     "drop --fp8-act-group (or build for --target cpu)")
         if build.tp_size != 1:
             raise InvalidOptionError("--target cuda builds one rank for now; drop --tp")
 

@@ -107,12 +107,15 @@ void linear_w4a8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes
 
 // FP8 (linear_fp8.cpp, linear_fp8_avx512.cpp): codes E4M3 panel16 [N, K], scales [N], xs the
 // static activation scale: y = (e4m3(x / xs) @ decode(codes)^T) * xs * scales; dynamic: xs
-// unused, each row r has its own xs_r = max|x[r]| / 448. The AVX-512 kernel needs
+// unused, each row r has its own xs_r = max|x[r]| / 448, refined by a power of two per group
+// of act_group columns when act_group > 0 (linear_fp8_family.h). The AVX-512 kernel needs
 // AVX512_BF16 (linear_fp8_avx512_bf16_available()).
 void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                     bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                     bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
+                     int nthreads);
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                       bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
+                       int nthreads);
 bool linear_fp8_avx512_bf16_available();
 
 }  // namespace bessemer

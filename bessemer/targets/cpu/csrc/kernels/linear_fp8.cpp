@@ -7,6 +7,10 @@
 // linear_fp8@2: the same with a dynamic scale per token (row), computed in the kernel from
 // the row itself: s_x[t] = max_k |x[t, k]| / 448 (1 for an all-zero row); weights codes,
 // scales, bias? (no input_scale: nothing to calibrate, nothing to saturate on unseen text).
+// Attr act_group G (16, 32, 64 or 128; @2 only): each group of G columns of a row is quantized
+// with s_x[t] * 2^-e, e = the largest integer in [0, 64] with max|x[t, group]| * 2^e <=
+// max|x[t]| (quantization/fp8.py group_exponents): a group far below the row's outlier keeps
+// E4M3's full precision instead of falling into its subnormals.
 //
 // e4m3(v): round to nearest even on the E4M3FN grid, saturating at +-448 (the reference is
 // quantization/fp8.py). The activations are quantized once per thread and block by the
@@ -33,6 +37,7 @@ struct Fp8Params : KernelParams {
     int N, K;
     bool bf16_kernel;  // the AVX-512 BF16 kernel (else AVX2 FMA)
     bool dynamic;      // @2: per-token scales computed from each row
+    int act_group;     // @2: power-of-two sub-scales per group of this many columns (0: none)
     float xs;          // @1: the static input scale
 };
 }  // namespace
@@ -53,7 +58,12 @@ void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
     }
     if (int(c.weights.size()) == nw + 1) expect_weight(c, nw, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
+    const double group = attr_or(c, "act_group", 0.0);
+    if (group != 0.0 && (!dynamic || !(group == 16 || group == 32 || group == 64 || group == 128)))
+        kernel_error(c, "act_group must be 16, 32, 64 or 128 with dynamic scales (linear_fp8@2), got " +
+                            std::to_string(group) + (dynamic ? "" : " on @1"));
     Fp8Params& a = c.set_params<Fp8Params>();
+    a.act_group = int(group);
     a.N = N;
     a.K = K;
     a.bf16_kernel = linear_fp8_avx512_bf16_available();
@@ -73,11 +83,11 @@ void run_linear_fp8(const KernelCall& c, const StepContext& ctx) {
     const float* x = ctx.ptr(c.ins[0]);
     float* y = ctx.ptr(c.outs[0]);
     if (ctx.isa == Isa::AVX512 && a.bf16_kernel)
-        linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, N, K, bias, y, ctx.ld(c.outs[0]),
-                          ctx.nthreads);
+        linear_fp8_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, a.act_group, N, K, bias, y,
+                          ctx.ld(c.outs[0]), ctx.nthreads);
     else
-        linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, N, K, bias, y, ctx.ld(c.outs[0]),
-                        ctx.nthreads);
+        linear_fp8_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, a.xs, a.dynamic, a.act_group, N, K, bias, y,
+                        ctx.ld(c.outs[0]), ctx.nthreads);
 }
 
 namespace {
@@ -125,15 +135,19 @@ inline __m256 e4m3_round8(__m256 v) {
     return _mm256_or_ps(r, sign);
 }
 
-void quantize_rows_f32(const float* x, int64_t ldx, int rows, int kc, const float* s, char* out, int64_t ldq) {
+void quantize_rows_f32(const float* x, int64_t ldx, int rows, int kc, const float* s, const Fp8Groups& g, char* out,
+                       int64_t ldq) {
     for (int r = 0; r < rows; ++r) {
-        const __m256 sv = _mm256_set1_ps(s[r]);
         const float* xr = x + r * ldx;
         float* q = reinterpret_cast<float*>(out) + r * ldq;
-        int k = 0;
-        for (; k + 8 <= kc; k += 8) _mm256_storeu_ps(q + k, e4m3_round8(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv)));
-        for (; k < kc; ++k) q[k] = e4m3_round1(xr[k] / s[r]);
-        for (; k < ldq; ++k) q[k] = 0.0f;
+        fp8_segments(g, r, kc, s[r], [&](int a, int b, float sd, float post) {
+            const __m256 sv = _mm256_set1_ps(sd), pv = _mm256_set1_ps(post);
+            int k = a;
+            for (; k + 8 <= b; k += 8)
+                _mm256_storeu_ps(q + k, _mm256_mul_ps(e4m3_round8(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv)), pv));
+            for (; k < b; ++k) q[k] = e4m3_round1(xr[k] / sd) * post;
+        });
+        for (int k = kc; k < ldq; ++k) q[k] = 0.0f;
     }
 }
 
@@ -242,9 +256,10 @@ const UkTableFp8 kTableFp8;
 }  // namespace
 
 void linear_fp8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                     bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
-    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_f32 : nullptr, N, K, bias, y, ldy, nthreads,
-                     kMR2, M <= 2 ? 2 : 1, kTableFp8.f, kNR2 + 1, quantize_rows_f32, 4);
+                     bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
+                     int nthreads) {
+    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_f32 : nullptr, act_group, N, K, bias, y, ldy,
+                     nthreads, kMR2, M <= 2 ? 2 : 1, kTableFp8.f, kNR2 + 1, quantize_rows_f32, 4);
 }
 
 bool linear_fp8_avx512_bf16_available() {

@@ -22,7 +22,8 @@
 namespace bessemer {
 
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
+                       bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
+                       int nthreads);
 
 namespace {
 
@@ -90,17 +91,21 @@ inline __m512 e4m3_round16(__m512 v) {
 
 // Rows of E4M3(x / s) as bf16 (exact: the upper half of the fp32 bits); one zero pad
 // column when kc is odd (the kernel reads k in pairs).
-void quantize_rows_bf16(const float* x, int64_t ldx, int rows, int kc, const float* s, char* out, int64_t ldq) {
+void quantize_rows_bf16(const float* x, int64_t ldx, int rows, int kc, const float* s, const Fp8Groups& g, char* out,
+                        int64_t ldq) {
     for (int r = 0; r < rows; ++r) {
-        const __m512 sv = _mm512_set1_ps(s[r]);
         const float* xr = x + r * ldx;
         uint16_t* q = reinterpret_cast<uint16_t*>(out) + r * ldq;
-        for (int k = 0; k < kc; k += 16) {
-            const int n = kc - k < 16 ? kc - k : 16;
-            const __mmask16 m = __mmask16((1u << n) - 1u);
-            const __m512 v = e4m3_round16(_mm512_div_ps(_mm512_maskz_loadu_ps(m, xr + k), sv));
-            _mm256_mask_storeu_epi16(q + k, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
-        }
+        fp8_segments(g, r, kc, s[r], [&](int a, int b, float sd, float post) {
+            const __m512 sv = _mm512_set1_ps(sd), pv = _mm512_set1_ps(post);
+            for (int k = a; k < b; k += 16) {
+                const int n = b - k < 16 ? b - k : 16;
+                const __mmask16 m = __mmask16((1u << n) - 1u);
+                const __m512 v = _mm512_mul_ps(e4m3_round16(_mm512_div_ps(_mm512_maskz_loadu_ps(m, xr + k), sv)), pv);
+                _mm256_mask_storeu_epi16(q + k, m,
+                                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+            }
+        });
         if (kc & 1) q[kc] = 0;
     }
 }
@@ -189,9 +194,10 @@ const UkTableFp8 kTableFp8;
 }  // namespace
 
 void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, float xs,
-                       bool dynamic, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
-    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_avx512 : nullptr, N, K, bias, y, ldy,
-                     nthreads, kMR, M <= 4 ? kNR : kNR8, kTableFp8.f, kNR + 1, quantize_rows_bf16, 2);
+                       bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
+                       int nthreads) {
+    linear_fp8_drive(x, ldx, M, codes, scales, xs, dynamic ? row_scales_avx512 : nullptr, act_group, N, K, bias, y,
+                     ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, kTableFp8.f, kNR + 1, quantize_rows_bf16, 2);
 }
 
 }  // namespace bessemer
