@@ -92,6 +92,12 @@ MODES = {  # name -> (dtype, quant config or None)
     "fp8-g128-nearest": ("float32", dict(mode="fp8", fp8_act_group=128, fp8_rounding="nearest")),
     "fp8-g32-smooth-a0.5": ("float32", dict(mode="fp8", fp8_act_group=32, fp8_smoothing_alpha=0.5)),
     "w8a16-lm-fp32": ("float32", dict(mode="w8a16", lm_head="none")),
+    # lm_head (the tied table) in symmetric int4 g32 too: every matrix at 4.5 bits per weight
+    "w4a16-gptq-g32-lm4": ("float32", dict(mode="w4a16-gptq", group_size=32, lm_head="int4")),
+    # mixed precision within a budget over all matrices (quantization/mixed_precision.py)
+    "w4a16-gptq-mp4.85": ("float32", dict(mode="w4a16-gptq", group_size=32, bits_per_weight=4.85)),
+    "w4a16-gptq-mp4.75": ("float32", dict(mode="w4a16-gptq", group_size=32, bits_per_weight=4.75)),
+    "w4a16-mp4.85": ("float32", dict(mode="w4a16", group_size=32, bits_per_weight=4.85)),
 }
 
 
@@ -174,6 +180,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8192, help="Tokens scored per text.")
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--calib-samples", type=int, default=32)
+    ap.add_argument("--calib-seq-len", type=int, default=512)
     ap.add_argument("--kv-dtypes", default="float", help="KV caches per mode: float (the mode's dtype), "
                     "float32, bfloat16, int8, fp8")
     ap.add_argument("--long-context", type=int, default=0, help="Also time decode after a prompt this long.")
@@ -192,7 +199,8 @@ def main() -> None:
         mode, _, kv = name.partition("+kv-")
         dtype, q = MODES[mode]
         # every calibrated mode (AWQ, GPTQ, SmoothQuant, fp8) sees the same held-out text
-        quant = QuantConfig(**q, calib_data=str(calib), calib_samples=args.calib_samples) if q else None
+        quant = QuantConfig(**q, calib_data=str(calib), calib_samples=args.calib_samples,
+                            calib_seq_len=args.calib_seq_len) if q else None
         t = time.perf_counter()
         out = args.engines / name
         reused = args.reuse and (out / "config.json").exists()
@@ -229,7 +237,8 @@ def main() -> None:
     (args.out / "quant.json").write_text(json.dumps({
         "rows": rows, "runs": runs, "texts": texts, "context_len": args.context_len, "threads": args.threads,
         "scored_tokens": {t: sum(len(w) - 1 for w in ws) for t, ws in wins.items()},
-        "calibration": f"{calib.name}: second half of WikiText-2 valid, {args.calib_samples} x 512 tokens"}, indent=2))
+        "calibration": f"{calib.name}: second half of WikiText-2 valid, {args.calib_samples} x {args.calib_seq_len} "
+                       "tokens"}, indent=2))
     print(format_table(rows, texts, args))
 
 

@@ -56,7 +56,7 @@ def test_build_run_inspect_json(tiny_checkpoint, smollm2_dir, tmp_path):
 
 @pytest.mark.parametrize("case", ["missing_dir", "missing_config", "missing_weights", "truncated",
                                   "corrupt_header", "unsupported_arch", "zero_batch", "negative_len",
-                                  "too_long", "bad_dtype_yaml", "output_is_file"])
+                                  "too_long", "bad_dtype_yaml", "output_is_file", "budget_without_calibration"])
 def test_build_bad_input(case, tiny_checkpoint, tmp_path):
     src = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint("llama-untied"), src)
@@ -97,6 +97,8 @@ def test_build_bad_input(case, tiny_checkpoint, tmp_path):
     elif case == "output_is_file":
         out.write_text("not an engine")
         needle = "not a directory"
+    elif case == "budget_without_calibration":
+        extra, needle = ["--quant", "w4a16", "--bits-per-weight", "4.8"], "--calib-data"
     proc = run("build-engine", str(src), "--output", str(out), *extra)
     assert_clean_error(proc, needle)
     if case != "output_is_file":

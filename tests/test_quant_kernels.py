@@ -375,6 +375,44 @@ def test_embedding_w8a16_tied_table(tmp_path, isa, Vt, H, T, threads):
     np.testing.assert_array_equal(rows, Wd[tokens])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("Vt,H,G,T,threads", [(50, 96, 32, 7, 1), (37, 64, 64, 300, 2), (16, 32, 16, 3, 2)])
+def test_embedding_w4a16_tied_table(tmp_path, isa, Vt, H, G, T, threads):
+    """embedding_w4a16 gathers dequantized rows of the symmetric int4 table (panel16_int4_k8
+    codes, bf16 panel16 scales) that linear_w4a16@3 reads as lm_head (--lm-head int4, one
+    stored table): rows bit-identical to dequantize_symmetric (each element one exact
+    product), logits as x @ dequantized.T; batch sizes 3..300 give the same rows."""
+    rng = np.random.default_rng(Vt * 100 + H + T)
+    W = rng.standard_normal((Vt, H)).astype(np.float32)
+    ents, Wd = w4_symmetric_entries(W, G, "panel16_int4_k8", "bfloat16")  # "c", "s"
+    emb = step("embedding_w4a16", outs=[[0, 1, H]], weights=["c", "s"], attrs={"group_size": G})
+    lin = step("linear_w4a16", [[0, 1, H]], [[1, 0, Vt]], ["c", "s"], {"group_size": G}, 3)
+    plan = make_plan([(H + 2, "tokens"), (Vt, "tokens")], [emb, lin], [1, 0, Vt], Vt)
+    path = write(tmp_path / "tied.engine", plan, ents)
+    tokens = rng.integers(0, Vt, T)
+    out = run_flat(executor(path, isa, threads), tokens)
+    # linear_w4a16@3 rounds its activations to bf16 (as test_linear_w4a16 checks)
+    ref = round_to_bf16(Wd[tokens]).astype(np.float64) @ Wd.astype(np.float64).T
+    assert_close(out, ref, tol.W4_BF16_RTOL, tol.W4_BF16_ATOL, "embedding_w4a16 -> linear_w4a16@3")
+    plan_rows = make_plan([(H + 2, "tokens")], [emb], [0, 1, H], H)
+    rows = run_flat(executor(write(tmp_path / "rows.engine", plan_rows, ents), isa, threads), tokens)
+    np.testing.assert_array_equal(rows, Wd[tokens])
+
+
+def test_embedding_w4a16_errors(tmp_path):
+    H, G = 96, 32
+    c = zeros_entry("c", "int4", "panel16_int4_k8", (V, H))
+    emb = step("embedding_w4a16", outs=[[0, 0, H]], weights=["c", "s"], attrs={"group_size": G})
+    plan = make_plan([(H, "tokens")], [emb], [0, 0, H], H)
+    _load_err(tmp_path, plan, [c, zeros_entry("s", "bfloat16", "panel16", (V, H // G + 1))],
+              r"embedding_w4a16@1: weight s: shape \[50, 4\], expected \[50, 3\]")
+    _load_err(tmp_path, plan, [zeros_entry("c", "int4", "panel16_int4", (V, H)),
+                               zeros_entry("s", "bfloat16", "panel16", (V, H // G))], "weight c: layout")
+    bad_g = make_plan([(H, "tokens")], [step("embedding_w4a16", outs=[[0, 0, H]], weights=["c", "s"],
+                                             attrs={"group_size": 40})], [0, 0, H], H)
+    _load_err(tmp_path, bad_g, [c, zeros_entry("s", "bfloat16", "panel16", (V, 2))], "group_size 40 must be > 0 and divide H = 96")
+
+
 def test_embedding_w8a16_errors(tmp_path):
     H = 96
     q = zeros_entry("q", "int8", "panel16", (V, H))

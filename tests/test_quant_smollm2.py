@@ -18,7 +18,7 @@ from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.evaluate import perplexity, windows
 from bessemer.runtime.llm import LLM
 from conftest import WIKITEXT
-from tolerances import W8A16_PPL_MAX_INCREASE
+from tolerances import MIXED_4_85_PPL_MAX_INCREASE, W8A16_PPL_MAX_INCREASE
 
 CALIB = dict(calib_samples=16, calib_seq_len=256)
 
@@ -112,3 +112,25 @@ def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, score_windows, tmp
     q4_0 = perplexity(hf_score_fn(hf), wins).perplexity
     print(f"4.5 bpw ppl vs fp32 {base:.4f}: gptq g32 {ppl:.4f}, Q4_0 rule {q4_0:.4f}")
     assert ppl < q4_0
+
+
+def test_mixed_precision_within_budget_beats_uniform_g32_with_the_same_table(smollm2_dir, score_windows, tmp_path,
+                                                                             calibration_text):
+    """--bits-per-weight 4.85 (all matrices, the tied table included, which a budget under
+    ~5.2 stores in int4; round to nearest, so that the plan alone makes the difference): the
+    engine's bits per weight stay within the budget, and the 0.35 bits per weight it spends on
+    the most sensitive linears lower held-out perplexity below uniform w4a16 g32 with the
+    same int4 table (4.5 bits per weight). Measured (this protocol): mixed 25.24, uniform
+    26.02, fp32 18.51; uniform g32 with the int8 table (5.25 bits) 23.37 is better than both:
+    the int4 table costs more than the plan wins back (see quantization/mixed_precision.py)."""
+    wins, base = score_windows
+    mixed = QuantConfig("w4a16", group_size=32, bits_per_weight=4.85, calib_data=str(calibration_text), **CALIB)
+    engine = build_engine(smollm2_dir, tmp_path / "mixed", BuildConfig(max_seq_len=1024, quant=mixed))
+    bits = json.loads((engine / "build_report.json").read_text())["bits_per_weight"]
+    assert bits["all"]["bpw"] <= 4.85
+    ppl = perplexity(LLM(engine, num_threads=2).score, wins).perplexity
+    uniform = _ppl(smollm2_dir, tmp_path, wins, QuantConfig("w4a16", group_size=32, lm_head="int4"))
+    print(f"ppl vs fp32 {base:.4f}: mixed 4.85 {ppl:.4f} ({100 * (ppl / base - 1):+.2f}%), "
+          f"uniform g32, int4 table {uniform:.4f} ({100 * (uniform / base - 1):+.2f}%)")
+    assert ppl < uniform
+    assert ppl / base - 1 <= MIXED_4_85_PPL_MAX_INCREASE

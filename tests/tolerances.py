@@ -122,6 +122,11 @@ PREEMPTION_TIE_MARGIN = 0.01
 # ---- quantized SmolLM2 perplexity vs the fp32 engine (tests/test_quant_smollm2.py) ----
 # Accuracy targets of issue 3 (relative increase of WikiText-2 perplexity).
 W8A16_PPL_MAX_INCREASE = 0.005
+# --bits-per-weight 4.85, round to nearest (test_mixed_precision_within_budget_...): a bound,
+# not a target (issue 39's is below llama.cpp Q4_K_M on bench/quant.py's protocol); measured
+# +36.4% on that test's protocol (2048 WikiText-2 tokens in windows of 512; uniform RTN g32
+# with the int8 table: +26.3%), so this catches a broken plan or kernel, not a small loss.
+MIXED_4_85_PPL_MAX_INCREASE = 0.45
 
 # ---- tensor parallelism (tests/test_tensor_parallel.py) ----
 # A TP=2 engine vs the same engine built with TP=1 (same dtype / quantization): the row-split

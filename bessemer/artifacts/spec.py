@@ -15,7 +15,7 @@ Schema (unknown fields are errors; relative paths are relative to the engines.ya
           quant: w8a16               # w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w4a8 | w8a8-sq | fp8; the
           group_size: 128            # fields below need it: zero_point, exclude_modules (list),
           calib_data: calib.txt      # (a file, or wikitext2) lm_head, act_order, fp8_rounding, fp8_activations, fp8_act_group, fp8_smoothing_alpha, calib_samples, calib_seq_len,
-                                     # smoothquant_alpha, calib_backend, o_proj_smoothing
+                                     # smoothquant_alpha, calib_backend, o_proj_smoothing, bits_per_weight
         gates:                       # optional; without gates an engine passes once it is built
           perplexity:                # engine vs HF transformers fp32 on the same tokens
             dataset: wikitext2       # built-in name or plain-text file; scored by the protocol of runtime/evaluate.py
@@ -50,7 +50,7 @@ BUILD_FIELDS = {"dtype": str, "max_seq_len": int, "max_batch_size": int, "max_nu
 QUANT_FIELDS = {"quant": str, "group_size": int, "zero_point": bool, "exclude_modules": list,
                 "lm_head": str, "act_order": bool, "fp8_rounding": str, "fp8_activations": str,
                 "fp8_act_group": int, "fp8_smoothing_alpha": float, "calib_data": Path, "calib_samples": int, "calib_seq_len": int,
-                "smoothquant_alpha": float, "calib_backend": str, "o_proj_smoothing": str}
+                "smoothquant_alpha": float, "calib_backend": str, "o_proj_smoothing": str, "bits_per_weight": float}
 PPL_FIELDS = {"dataset": True, "context_len": False, "max_tokens": False, "max_increase_pct": True}
 GREEDY_FIELDS = {"prompts": True, "max_new_tokens": False, "min_agreement": True}
 

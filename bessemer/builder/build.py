@@ -26,6 +26,7 @@ from bessemer.ir.graph import GraphError
 from bessemer.builder.input_groups import input_groups
 from bessemer.builder.passes.quantize import expert_notes
 from bessemer.builder.pipeline import run_passes
+from bessemer.builder.precision_plan import plan_precision
 from bessemer.builder.weights import WeightSource
 from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
@@ -228,6 +229,15 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     build = _resolve_limits(build, cfg)
     timings["load"] = time.perf_counter() - t0
 
+    # a bits-per-weight budget: the precision plan is measured first (it needs the
+    # calibration statistics), so that the passes follow it
+    calibration, precision = None, None
+    if build.quant is not None and build.quant.bits_per_weight is not None and not build.quant.precision:
+        t = time.perf_counter()
+        calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say)
+        build, precision = plan_precision(family.build_graph(cfg, ckpt.shapes()), build, ckpt, calibration, say)
+        timings["mixed_precision"] = time.perf_counter() - t
+
     # Every rank's graph is checked (and dumped) before any calibration or packing starts,
     # so a bad --tp fails in a second with nothing written.
     # Each rank's graph is built, passed and lowered once, here; the writers (maybe forked
@@ -246,8 +256,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                 say(note)
     timings["graph_and_passes"] = time.perf_counter() - t
 
-    calibration = None
-    if build.quant is not None and build.quant.needs_calibration:
+    if build.quant is not None and build.quant.needs_calibration and calibration is None:
         t = time.perf_counter()
         # inputs without a fold are smoothed only where the quantize pass gave the kernel a 1/s
         # (not, e.g., an excluded o_proj, which runs in floating point)
@@ -294,6 +303,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
                       [(t["name"], tuple(t["shape"]), packed_nbytes(tuple(t["shape"]), t["dtype"], t["layout"]))
                        for t in r["tensors"]] for r in ranks),
                   "calibration": calibration.report if calibration else None,
+                  **({"mixed_precision": precision} if precision else {}),
                   "workers": min(workers, n),
                   **({"kernels": ranks[0]["compiled_kernels"]} if ranks[0]["compiled_kernels"] else {}),
                   "ranks": [{"rank": i, "file": r["file"], "bytes": r["size"], "seconds": r["seconds"],

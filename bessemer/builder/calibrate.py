@@ -37,7 +37,8 @@ class CalibrationResult:
         key = self.weight_keys.get(parts[0])
         stats = self.stats.get(key, {}) if key else {}
         return WeightCalibration(
-            hessian=stats["hessian"] if self.gptq and fmt.gptq_codes else None,
+            # lm_head's input (the final norm's output) is not calibrated: an int4 lm_head is RTN
+            hessian=stats.get("hessian") if self.gptq and fmt.gptq_codes else None,
             act_order=self.act_order,
             input_amax=float(stats["abs_max"].max()) if fmt.needs_input_amax else None,
             smooth=self.multipliers[parts[0]] if fmt.smooth else None)
@@ -52,9 +53,10 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
-    # only GPTQ (int4, or fp8 codes rounded by GPTQ) needs the (K, K) input Hessians; AWQ
-    # and FP8 read abs_mean / abs_max / samples
-    stats = collect(ckpt.dir, spec, [g.key for g in groups], say, hessian=quant.uses_gptq)
+    # only GPTQ (int4, or fp8 codes rounded by GPTQ) and the mixed-precision sensitivity need
+    # the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
+    stats = collect(ckpt.dir, spec, [g.key for g in groups], say,
+                    hessian=quant.uses_gptq or quant.bits_per_weight is not None)
     result = CalibrationResult(stats, quant.algorithm, {w: g.key for g in groups for w in g.weights},
                                quant.act_order, quant.uses_gptq,
                                report={"stats_s": round(time.perf_counter() - t, 2),

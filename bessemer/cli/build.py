@@ -51,9 +51,13 @@ def _load_yaml(path: str) -> dict:
 @click.option("--zero-point", is_flag=True, default=None, help="Asymmetric 4-bit codes.")
 @click.option("--exclude-modules", help="Comma-separated fnmatch patterns left unquantized. "
               "[default: model.embed_tokens]")
-@click.option("--lm-head", type=click.Choice(["int8", "none"]),
-              help="lm_head (and a table tied to the embedding) in any quant mode: int8 per channel, or none "
-                   "(build dtype). [default: int8]")
+@click.option("--lm-head", type=click.Choice(["int8", "int4", "none"]),
+              help="lm_head (and a table tied to the embedding) in any quant mode: int8 per channel, int4 "
+                   "(symmetric, groups of 32), or none (build dtype). [default: int8]")
+@click.option("--bits-per-weight", type=float,
+              help="w4a16 / w4a16-gptq: mixed precision within this budget (all matrices, lm_head included): "
+                   "the linears whose quantization adds the most output error on the calibration text keep "
+                   "more bits (int4 g64 / g32 / g32 asymmetric / int8); the build report lists what went where.")
 @click.option("--calib-data", type=click.Path(path_type=str), help="Calibration text file, or `wikitext2` (AWQ, GPTQ, SmoothQuant, FP8).")
 @click.option("--calib-samples", type=int, help="Calibration windows. [default: 64]")
 @click.option("--calib-seq-len", type=int, help="Tokens per calibration window. [default: 512]")
@@ -80,9 +84,9 @@ def _load_yaml(path: str) -> dict:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @user_errors
 def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size, max_num_tokens, kv_block_size, kv_cache_dtype, tp_size,
-         workers, quant, group_size, zero_point, exclude_modules, lm_head, calib_data, calib_samples, calib_seq_len,
-         smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, fp8_activations, fp8_act_group,
-         fp8_smoothing_alpha, dump_ir, config_file, quiet):
+         workers, quant, group_size, zero_point, exclude_modules, lm_head, bits_per_weight, calib_data, calib_samples,
+         calib_seq_len, smoothquant_alpha, calib_backend, o_proj_smoothing, act_order, fp8_rounding, fp8_activations,
+         fp8_act_group, fp8_smoothing_alpha, dump_ir, config_file, quiet):
     """Compile a HuggingFace checkpoint directory into a Bessemer engine."""
     # SIGTERM unwinds like an error: the build's cleanup removes its temp directory
     signal.signal(signal.SIGTERM, _terminated)
@@ -95,6 +99,7 @@ def main(model_dir, output, dtype, target, gpu_arch, max_seq_len, max_batch_size
                  quant=quant, group_size=group_size, zero_point=zero_point, act_order=act_order,
                  fp8_rounding=fp8_rounding, fp8_activations=fp8_activations, lm_head=lm_head,
                  fp8_act_group=int(fp8_act_group) if fp8_act_group else None, fp8_smoothing_alpha=fp8_smoothing_alpha,
+                 bits_per_weight=bits_per_weight,
                  calib_data=calib_data, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                  smoothquant_alpha=smoothquant_alpha, calib_backend=calib_backend, o_proj_smoothing=o_proj_smoothing,
                  exclude_modules=exclude_modules.split(",") if exclude_modules is not None else None)

@@ -37,6 +37,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
     embedding_w8a16@1 outs [x]; weights [q (int8 panel16 [V, H]), scales (f32 row_major [V])]
                    x[t] = q[token_ids[t]] * scales[token_ids[t]]: the int8 table of a tied,
                    quantized lm_head (linear_w8a16 reads the same tensors)
+    embedding_w4a16@1 outs [x]; weights [codes (int4 panel16_int4_k8 [V, H]), scales (bf16
+                   panel16 [V, H / G])]; attrs group_size; x[t][k] = scale * (code - 8): the
+                   symmetric int4 table of a tied lm_head stored for linear_w4a16@3
     rms_norm@1     ins [x]; outs [y]; weights [w]; attrs eps, weight_offset
                    y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset)
     add_rms_norm@1 ins [x, residual]; outs [y, residual_out]; weights [w]; attrs eps, weight_offset

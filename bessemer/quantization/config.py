@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 
-QUANT_CONFIG_VERSION = 5  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
+QUANT_CONFIG_VERSION = 6  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
 # 4: int4 group scales and offsets are bf16 values, stored as bf16; 5: symmetric int4 stores
 # no offsets (w = scale * (code - 8), all 16 levels) and its scales are searched
-# (quantization/scale_search.py)
+# (quantization/scale_search.py); 6: lm_head "int4", bits_per_weight and the precision plan
 # mode -> (weight bits, algorithm); names as TensorRT-LLM users know them
 MODES = {
     "w8a16": (8, "rtn"),
@@ -52,7 +52,12 @@ DEFAULT_EXCLUDE = ("model.embed_tokens",)
 # engine), and like llama.cpp (Q6_K/Q8_0 output tensor under Q4_0 bodies) it gets 8 bits
 # even in 4-bit modes, since it decides every token. A table tied to the embedding is stored
 # once, quantized; the embedding then gathers and dequantizes its rows (embedding_w8a16).
-LM_HEAD_SCHEMES = ("int8", "none")
+# "int4": symmetric groups of 32 with searched scales (4.5 bits per weight), the table
+# gathered by embedding_w4a16: what a budget under ~5 bits per weight needs on a small
+# model, whose tied table is a fifth of its weights (see quantization/mixed_precision.py).
+LM_HEAD_SCHEMES = ("int8", "int4", "none")
+# Stored schemes a precision plan may give a linear (quantization/mixed_precision.py), by name.
+PRECISION_SCHEMES = ("int4-g64", "int4-g32", "int4-g32-asym", "int8")
 GROUP_SIZES = (32, 64, 128)
 # How fp8 picks each weight's E4M3 code on its per-channel grid: "nearest" (round to nearest)
 # or "gptq" (GPTQ error compensation against the calibration Hessians, same grid, layout and
@@ -90,6 +95,12 @@ class QuantConfig:
     smoothquant_alpha: float = 0.5  # w8a8-sq: s = max|x|^alpha / max|w|^(1 - alpha)
     calib_backend: str = "auto"  # w8a8-sq; the engine records the one that ran
     o_proj_smoothing: str = "none"  # w8a8-sq
+    # Mixed precision: a budget of bits per weight over all matrices (lm_head included); the
+    # build measures each linear's sensitivity on the calibration text and writes the plan it
+    # chose into `precision` ((node name, PRECISION_SCHEMES entry) pairs), which the quantize
+    # pass follows. A given plan is followed as is (a rebuild of the same engine).
+    bits_per_weight: float | None = None
+    precision: tuple[tuple[str, str], ...] = ()
     version: int = QUANT_CONFIG_VERSION
 
     def __post_init__(self):
@@ -150,6 +161,21 @@ class QuantConfig:
                                      f"got {self.o_proj_smoothing!r}")
         if self.lm_head not in LM_HEAD_SCHEMES:
             raise InvalidOptionError(f"--lm-head must be one of {', '.join(LM_HEAD_SCHEMES)}, got {self.lm_head!r}")
+        if self.bits_per_weight is not None or self.precision:
+            if self.mode not in ("w4a16", "w4a16-gptq"):
+                raise InvalidOptionError(f"--bits-per-weight applies to --quant w4a16 and w4a16-gptq, not {self.mode}")
+            if self.bits_per_weight is not None and not 4.25 <= self.bits_per_weight <= 8.0:
+                raise InvalidOptionError(f"--bits-per-weight must be between 4.25 (every matrix in 4 bits, groups "
+                                         f"of 64) and 8.0, got {self.bits_per_weight}")
+            if self.lm_head == "none":
+                raise InvalidOptionError("--bits-per-weight counts lm_head in the budget and chooses its scheme; "
+                                         "drop --lm-head none")
+            if not self.calib_data:
+                raise InvalidOptionError("--bits-per-weight measures each linear's sensitivity on calibration "
+                                         "text: pass --calib-data FILE")
+            bad = [s for _, s in self.precision if s not in PRECISION_SCHEMES]
+            if bad:
+                raise InvalidOptionError(f"precision plan scheme {bad[0]!r} is not one of {', '.join(PRECISION_SCHEMES)}")
         if self.calib_samples <= 0 or self.calib_seq_len < 2:
             raise InvalidOptionError("--calib-samples must be positive and --calib-seq-len at least 2")
 
@@ -182,11 +208,15 @@ class QuantConfig:
         if self.mode == "fp8":
             return (self.fp8_activations == "static" or self.fp8_rounding == "gptq"
                     or self.fp8_smoothing_alpha is not None)
-        return self.algorithm in CALIBRATED
+        return self.algorithm in CALIBRATED or self.bits_per_weight is not None
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["exclude_modules"] = list(self.exclude_modules)
+        d["precision"] = dict(self.precision)
+        if self.bits_per_weight is None and not self.precision:
+            d.pop("bits_per_weight")
+            d.pop("precision")
         d.update(bits=self.bits, algorithm=self.algorithm, scale_dtype="bfloat16" if self.bits == 4 else "float32",
                  granularity="per_channel" if self.bits == 8 else "per_group")
         d["weight_dtype"] = self.weight_dtype

@@ -439,6 +439,15 @@ class Mxfp4Experts(StoredFormat):
         return self.quantize(rows, calib), np.ascontiguousarray(np.swapaxes(rows, -1, -2)).reshape(e * n, k)
 
 
+def scheme_format(scheme: str, in_features: int) -> StoredFormat:
+    """The stored format of a precision-plan scheme (config.PRECISION_SCHEMES) or of the
+    lm_head's "int4"/"int8" for a weight of `in_features` columns."""
+    if scheme == "int8":
+        return Int8PerChannel()
+    group = 64 if scheme == "int4-g64" else 32
+    return Int4Group(prim.effective_group_size(in_features, group), scheme == "int4-g32-asym")
+
+
 def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat:
     """The stored format of a linear weight quantized by `quant` (a QuantConfig): the one
     place a --quant mode becomes a storage format. smooth: w8a8 with the kernel's 1/s."""

@@ -154,6 +154,21 @@ class Target(ABC):
             if ("linear", fmt) not in self.QUANT_KERNELS:
                 raise InvalidOptionError(f"--target {self.name} has no kernels for --quant {build.quant.mode} "
                                          f"({fmt.key} weights) yet; choose another --quant or another --target")
+            # a quantized lm_head's table, when tied, is also gathered by the embedding; the tie
+            # is known only with the checkpoint, so a target without that gather refuses here,
+            # before any work, for tied and untied models alike
+            from bessemer.quantization.formats import Int4Group, Int8PerChannel
+
+            q = build.quant
+            tables = [Int4Group, Int8PerChannel] if q.bits_per_weight is not None else \
+                [{"int4": Int4Group, "int8": Int8PerChannel}.get(q.lm_head)]
+            for table in (t for t in tables if t is not None):
+                if ("embedding", table) not in self.QUANT_KERNELS:
+                    why = ("--bits-per-weight (which may store lm_head in int4)" if q.bits_per_weight is not None
+                           else f"--lm-head {q.lm_head}")
+                    raise InvalidOptionError(f"--target {self.name} has no embedding kernel for the {table.key} table "
+                                             f"that {why} gives a tied lm_head; use --lm-head int8 or none without "
+                                             "--bits-per-weight, or --target cpu")
 
     @abstractmethod
     def lower(self, graph, build, kv_cache: dict) -> LoweredRank:

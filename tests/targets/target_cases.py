@@ -76,6 +76,8 @@ CPU = {
                                                                                threads=2)),
     "embedding:Int8PerChannel": Case("test_quant_kernels.py", "test_embedding_w8a16_tied_table", dict(
         _AVX2, Vt=50, H=96, T=7, threads=1)),
+    "embedding:Int4Group": Case("test_quant_kernels.py", "test_embedding_w4a16_tied_table", dict(
+        _AVX2, Vt=50, H=96, G=32, T=7, threads=1)),
     # experts: through a tiny MoE engine against HF on the same fake-quantized expert weights
     "moe:ExpertStack": Case("test_moe_quant.py", "test_quantized_experts_match_fake_quantized_hf", dict(
         kind="qwen3-moe", quant=QuantConfig("w4a16", group_size=32, lm_head="none"))),

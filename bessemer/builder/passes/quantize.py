@@ -14,7 +14,9 @@ tensor-parallel rank, that are not whole panels of 16) they stay float32. expert
 which, for the build log.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
-the mode's scheme (see quantization/config.py). A table the embedding gathers from (tied
+the mode's scheme (see quantization/config.py). A precision plan (QuantConfig.precision,
+chosen by measurement: quantization/mixed_precision.py) names the scheme of each linear it
+lists, lm_head included; linears it does not list follow the mode. A table the embedding gathers from (tied
 lm_head) is stored once: when lm_head is quantized, the embedding node gets the same
 annotation and lowering gives it the kernel that gathers and dequantizes quantized rows.
 """
@@ -26,7 +28,7 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.passes.shard_tensor_parallel import rank_expert_size
 from bessemer.ir.graph import Graph, Node
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, weight_format
+from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, scheme_format, weight_format
 from bessemer.targets import get_target
 
 
@@ -41,6 +43,7 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
     # in floating point, as quantized MoE checkpoints keep them
     router_logits = {m.inputs[1] for m in graph.nodes if m.op == "moe"}
     nodes, table_quant = [], {}
+    plan = dict(q.precision)
     for n in graph.nodes:
         excluded = any(fnmatch(n.name, pat) or fnmatch(n.name, pat + ".*") for pat in q.exclude_modules)
         if n.op == "moe" and not excluded:
@@ -51,13 +54,16 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
             continue
         w = n.weights[0]
         if graph.output in n.outputs:  # lm_head
-            if q.lm_head == "none":
+            scheme = plan.get(n.name, q.lm_head)
+            if scheme == "none":
                 nodes.append(n)
                 continue
-            quant = Int8PerChannel()
+            quant = scheme_format(scheme, w.shape[1])
         elif w.name in gathered:  # only lm_head may share the embedding's table
             nodes.append(n)
             continue
+        elif n.name in plan:
+            quant = scheme_format(plan[n.name], w.shape[1])
         else:
             smooth = q.act_bits == 8 and q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
             quant = weight_format(q, w.shape[1], smooth)

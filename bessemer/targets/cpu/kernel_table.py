@@ -58,9 +58,17 @@ def _experts(fmt: ExpertStack, rows: tuple[int, int]) -> QuantKernel:
                        {"zero_point": int(fmt.inner.zero_point)})
 
 
+def _int4_table(fmt: Int4Group, shape) -> QuantKernel:
+    # the tied lm_head's int4 table, in linear_w4a16@3's layouts (stored once for both)
+    if fmt.zero_point:
+        raise InvalidOptionError("an embedding table tied to lm_head is gathered from symmetric int4 only; "
+                                 "use --lm-head int4 (symmetric) or int8")
+    return QuantKernel("embedding_w4a16", 1, _int4(fmt, shape).layouts, {"group_size": fmt.group_size})
+
+
 # (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
 # A tied embedding table quantized with lm_head is gathered by embedding_w8a16 from the
-# same int8 panel16 tensors.
+# same int8 panel16 tensors (embedding_w4a16: the symmetric int4 ones).
 QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("linear_w8a16", 1, {"codes": "panel16"}),
     ("linear", Int4Group): _int4,
@@ -72,6 +80,7 @@ QUANT_KERNELS = {
     ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel("linear_fp8", 2 if fmt.dynamic else 1, {"codes": "panel16"},
                                                         {"act_group": fmt.act_group} if fmt.act_group else {}),
     ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("embedding_w8a16", 1, {"codes": "panel16"}),
+    ("embedding", Int4Group): _int4_table,
     ("moe", ExpertStack): lambda fmt, shape: _experts(fmt, fmt.rows_shape(shape)),
     ("moe", Mxfp4Experts): lambda fmt, shape: QuantKernel("moe_mxfp4", 1, {}),
 }

@@ -20,6 +20,7 @@ BESSEMER_KERNEL(attention)
 // attention_sinks@1 runs attention@1's run_attention (its prepare sets the sinks)
 void prepare_attention_sinks(KernelCall& c, const PlanInfo& p);
 BESSEMER_KERNEL(embedding)
+BESSEMER_KERNEL(embedding_w4a16)
 BESSEMER_KERNEL(embedding_w8a16)
 BESSEMER_KERNEL(gather_rows)
 BESSEMER_KERNEL(gelu_tanh_mul)

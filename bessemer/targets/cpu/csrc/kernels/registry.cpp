@@ -20,6 +20,7 @@ const KernelDef kKernels[] = {
     {kTarget, "attention", 1, prepare_attention, run_attention},
     {kTarget, "attention_sinks", 1, prepare_attention_sinks, run_attention},
     {kTarget, "embedding", 1, prepare_embedding, run_embedding},
+    {kTarget, "embedding_w4a16", 1, prepare_embedding_w4a16, run_embedding_w4a16},
     {kTarget, "embedding_w8a16", 1, prepare_embedding_w8a16, run_embedding_w8a16},
     {kTarget, "gather_rows", 1, prepare_gather_rows, run_gather_rows},
     {kTarget, "gelu_tanh_mul", 1, prepare_gelu_tanh_mul, run_gelu_tanh_mul},
