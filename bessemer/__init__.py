@@ -4,6 +4,10 @@ Public API: `build_engine` (bessemer.builder), `LLM` and `SamplingParams` (besse
 Imports are lazy so that `import bessemer` stays cheap and the runtime never pulls in torch.
 """
 
+from bessemer import thread_policy
+
+thread_policy.apply()  # before anything loads the native module (libgomp reads it then)
+
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "build_engine", "BessemerError", "__version__"]

@@ -17,8 +17,8 @@ sequences, which returns their KV blocks.
 Safe from any thread: `llm.tokenizer` (encode/decode only), `llm.max_seq_len` and the
 other build limits, `stats()`; `step_listeners` run on the engine thread.
 
-Set OMP_WAIT_POLICY=PASSIVE before the engine loads (bessemer.serving.server does): the
-kernels' OpenMP workers otherwise spin between steps and starve the consumers' threads.
+The kernels' threads spin only briefly after each region and step with fewer threads while
+other tasks (the consumers' threads among them) hold cores: bessemer/thread_policy.py.
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ out, stop the engine thread and exit 0.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 from pathlib import Path
 
 from bessemer.runtime.async_llm import AsyncLLM
@@ -41,15 +39,8 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
     format of the model's tool calls (serving/tool_parsers.py; "auto" reads the template)."""
     import uvicorn
 
-    # OpenMP workers spin between parallel regions by default. In a server the engine
-    # thread alternates kernels with Python work (sampling, detokenizing) while the event
-    # loop thread needs a core too; spinning workers starve it (measured on 2 busy cores:
-    # 8 short requests took 63 s spinning, 1.7 s passive). libgomp reads this once, when the
-    # native module loads, so it only helps if the engine was not loaded yet.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "bessemer._C" in sys.modules and os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE":
-        logging.getLogger("uvicorn.error").warning("the native module was loaded before run(); "
-                                                   "OMP_WAIT_POLICY=PASSIVE has no effect")
+    # The kernels' threads wait and give way to other work by bessemer/thread_policy.py, set
+    # when the package was imported (a short spin, fewer threads while other tasks hold cores).
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # the signal handler: sets flags only

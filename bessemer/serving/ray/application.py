@@ -47,7 +47,7 @@ def build_application(engine_dir: str, num_replicas: int = 2, num_threads: int |
     replica = serve.deployment(
         EngineReplica, name="bessemer-engine", num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
         # passive OpenMP workers: see serving/server.py (libgomp reads it when the worker loads the core)
-        ray_actor_options={"num_cpus": threads, "runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}},
+        ray_actor_options={"num_cpus": threads},
         request_router_config=RequestRouterConfig(request_router_class=PrefixAffinityRouter,
                                                   request_router_kwargs={"max_imbalance": max_imbalance}),
         health_check_period_s=5)

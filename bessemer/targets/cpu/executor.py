@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bessemer import thread_policy
 from bessemer.format.step import StepBatch
 from bessemer.runtime.executor import ExecutorInfo
 
@@ -18,8 +19,13 @@ class CpuExecutor:
         self.native = native  # bessemer._C.Executor
         self.info = ExecutorInfo(isa=native.isa, num_threads=int(native.num_threads),
                                  num_kv_blocks=int(native.num_kv_blocks), kernels=tuple(native.kernels))
+        # fewer threads while other processes hold cores (bessemer/thread_policy.py)
+        adaptive = thread_policy.policy() == "adaptive" and self.info.num_threads > 1
+        self.governor = thread_policy.ThreadGovernor(self.info.num_threads) if adaptive else None
 
     def step(self, batch: StepBatch) -> np.ndarray:
+        if self.governor is not None:
+            self.native.active_threads = self.governor.threads()
         return self.native.step(batch)
 
     def failure(self) -> str | None:
@@ -29,7 +35,10 @@ class CpuExecutor:
         """Nothing to stop: the KV cache and the mapped rank file go with the object."""
 
     def attach_communicator(self, comm) -> None:
-        """Joins a tensor-parallel group (targets/cpu/parallel/)."""
+        """Joins a tensor-parallel group (targets/cpu/parallel/). Its ranks are other runnable
+        processes of the same job, not load to give way to: every thread stays on."""
+        self.governor = None
+        self.native.active_threads = self.info.num_threads
         self.native.attach_communicator(comm)
 
     @property

@@ -75,7 +75,7 @@ Executor::Executor(std::shared_ptr<EngineFile> file, int num_threads, int kv_blo
     if (!file_) fail("Executor: file is None");
     check_format_version(*file_);
     if (num_threads <= 0) num_threads = omp_get_num_procs();  // 0: all processors
-    num_threads_ = num_threads;
+    num_threads_ = active_threads_ = num_threads;
     if (kv_block_size <= 0) fail("kv_block_size must be > 0");
     if (num_kv_blocks < 0) fail("num_kv_blocks must be >= 0");
     kv_block_size_ = kv_block_size;
@@ -318,7 +318,7 @@ void Executor::run_steps(const StepBatch& batch, int max_ctx, float* logits_out)
     ctx.seq_of_row = seq_of_row_.data();
     ctx.buf = buf_ptrs_.data();
     ctx.buf_width = buf_width_.data();
-    ctx.nthreads = num_threads_;
+    ctx.nthreads = active_threads_;
     ctx.isa = isa_;
     ctx.kv_dtype = info_.kv_dtype;
     ctx.block_size = kv_block_size_;

@@ -52,6 +52,11 @@ class Executor {
 
     std::string isa() const { return isa_ == Isa::AVX512 ? "avx512" : "avx2"; }
     int num_threads() const { return num_threads_; }
+    // Threads the next steps use, 1..num_threads (scratch stays sized for num_threads):
+    // fewer when other processes hold cores, so no worker waits at a barrier for a
+    // descheduled peer. Results do not depend on it (threads split rows/columns, never a sum).
+    int active_threads() const { return active_threads_; }
+    void set_active_threads(int n) { active_threads_ = n < 1 ? 1 : (n > num_threads_ ? num_threads_ : n); }
     int num_kv_blocks() const { return num_kv_blocks_; }
     int kv_block_size() const { return kv_block_size_; }
     int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -72,7 +77,7 @@ class Executor {
 
     std::shared_ptr<EngineFile> file_;
     Isa isa_ = Isa::AVX2;
-    int num_threads_ = 1, kv_block_size_ = 0, num_kv_blocks_ = 0;
+    int num_threads_ = 1, active_threads_ = 1, kv_block_size_ = 0, num_kv_blocks_ = 0;
     int64_t kv_cache_bytes_ = 0;
 
     RankHeader header_;  // tensor table (pointers into the mapped file) and plan

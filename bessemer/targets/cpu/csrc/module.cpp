@@ -40,6 +40,7 @@ PYBIND11_MODULE(_C, m) {
         .def("step", &Executor::step, py::arg("batch"), "batch: a StepBatch (format/step.py) -> logits [L, V]")
         .def_property_readonly("isa", &Executor::isa)
         .def_property_readonly("num_threads", &Executor::num_threads)
+        .def_property("active_threads", &Executor::active_threads, &Executor::set_active_threads)
         .def_property_readonly("num_kv_blocks", &Executor::num_kv_blocks)
         .def_property_readonly("kv_block_size", &Executor::kv_block_size)
         .def_property_readonly("kv_cache_bytes", &Executor::kv_cache_bytes)
