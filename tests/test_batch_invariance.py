@@ -116,6 +116,11 @@ def test_a_request_is_bit_identical_alone_batched_cached_and_chunked(engine):
         assert run_alone(fresh, target) == want, f"prefill in chunks of {chunk} tokens"
     fresh.llm_engine.set_limits(None, fresh.max_num_tokens)
 
+    # threads: the governor (bessemer/thread_policy.py) steps with fewer threads under load
+    one_thread = LLM(engine_dir, num_threads=1, isa=isa, enable_prefix_caching=False)
+    assert run_alone(one_thread, target) == want, "1 thread vs 2"
+    assert run_mixed(one_thread, target, prompts(rng, vocab, 5, 1, 40), rng) == want, "1 thread, in a batch of 6"
+
     # prefix cache: the same prompt again (a hit on its full blocks), and a prompt sharing its
     # first 32 tokens, against that prompt alone on an engine without the cache
     cached = LLM(engine_dir, num_threads=2, isa=isa, enable_prefix_caching=True)
