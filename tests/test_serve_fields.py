@@ -262,7 +262,8 @@ def test_chat_template_kwargs_and_add_generation_prompt(server):
 def test_guided_choice_and_structured_outputs(server):
     colors = ["red", "green", "blue", "a long answer with \"quotes\""]
     for seed in range(4):
-        out = complete(server, guided_choice=colors, temperature=1.0, seed=seed, n=2)
+        # max_tokens: room for the longest choice (7 tokens) and the end of text after it
+        out = complete(server, guided_choice=colors, temperature=1.0, seed=seed, n=2, max_tokens=16)
         assert all(c["text"] in colors and c["finish_reason"] == "stop" for c in out["choices"]), out
     cases = [({"choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
              ({"regex": "[0-9]{3}"}, lambda t: len(t) == 3 and t.isdigit()),

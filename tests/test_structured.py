@@ -177,3 +177,26 @@ def test_run_engine_json_schema_flag(smollm2_engine, tmp_path):
                            "--speculative", "ngram"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     jsonschema.validate(json.loads(json.loads(proc.stdout)["text"]), PERSON)
+
+
+def test_json_whitespace_is_bounded(smollm2_dir):
+    """Between JSON tokens: nothing, one space, or a newline and an indent of up to 20 (so a
+    sampled model cannot spend max_tokens on newlines inside a valid object); compact and
+    pretty-printed JSON both pass. Oracle: llguidance's matcher on SmolLM2's tokens."""
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from bessemer.runtime.grammar_compiler import GrammarCompiler
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    lltok = llguidance.hf.from_tokenizer(tok)
+    schema = json.dumps({"type": "object", "properties": {"color": {"enum": ["red", "blue"]}}, "required": ["color"]})
+    grammar = GrammarCompiler._grammar(llguidance, "json_schema", schema)
+
+    def accepts(text: str) -> bool:
+        m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        return all(m.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and m.is_accepting()
+
+    assert accepts('{"color":"red"}') and accepts('{"color": "red"}') and accepts('{\n  "color": "red"\n}')
+    assert not accepts('{\n\n\n\n"color":"red"}') and not accepts('{  "color":"red"}')

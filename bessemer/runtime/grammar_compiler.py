@@ -25,6 +25,13 @@ from bessemer.runtime.structured import GrammarState
 KEPT_GRAMMARS = 64  # compiled constraints kept for reuse (and refusals, so a repeat costs nothing)
 
 
+# Between JSON tokens: nothing, one space, or a newline and up to 20 spaces/tabs of indent
+# (compact and pretty-printed JSON both fit). llguidance's default, any run of whitespace,
+# lets a sampled model spend its whole max_tokens on newlines inside a valid object. A
+# schema's own "x-guidance" options still win (they apply after these defaults).
+JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})?"
+
+
 def llguidance():
     try:
         import llguidance
@@ -136,7 +143,7 @@ class GrammarCompiler:
         """llguidance's grammar text of a constraint (not yet checked)."""
         try:
             if kind == "json_schema":
-                return llg.LLMatcher.grammar_from_json_schema(text)
+                return llg.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_pattern": JSON_WHITESPACE})
             if kind == "regex":
                 return llg.LLMatcher.grammar_from_regex(text)
             return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
