@@ -57,14 +57,19 @@ def short_hash(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _run_logged(cmd: list[str], log: Path, env: dict | None = None, what: str = "", cwd: Path | None = None) -> None:
+def _run_logged(cmd: list[str], log: Path, env: dict | None = None, what: str = "", cwd: Path | None = None) -> dict:
     """Runs cmd with its output in `log`, printing progress every 30 s; on failure, the log's
-    tail and one error line."""
+    tail and one error line. Returns {"wall_s", "peak_rss_bytes"}: the child's own peak resident
+    set (wait4's rusage of that one process; its own children are not counted)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
-        while proc.poll() is None:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
             time.sleep(1)
             if int(time.time() - t0) % 30 == 0:
                 say(f"  {what}: {int(time.time() - t0)} s (log: {log})")
@@ -73,6 +78,7 @@ def _run_logged(cmd: list[str], log: Path, env: dict | None = None, what: str = 
         print("\n".join(tail), file=sys.stderr)
         raise SystemExit(f"error: {what} failed (exit {proc.returncode}); full log in {log}")
     say(f"  {what}: done in {time.time() - t0:.0f} s")
+    return {"wall_s": round(time.time() - t0, 1), "peak_rss_bytes": usage.ru_maxrss * 1024}  # ru_maxrss: KiB
 
 
 # ---- the anchors' venv ----
@@ -124,22 +130,29 @@ def _mark(d: Path, info: dict) -> None:
     (d / ".done").write_text(json.dumps(info, indent=1))
 
 
-def gguf_files(model_dir: Path, ckpt_hash: str, types: list[str]) -> dict[str, Path]:
-    """GGUF files of the checkpoint: F32 converted, the others quantized from it."""
+def gguf_files(model_dir: Path, ckpt_hash: str, types: list[str], outtype: str = "f32") -> dict[str, Path]:
+    """GGUF files of the checkpoint: converted at `outtype` (f32, or bf16: a bf16 checkpoint's
+    values exactly, half the bytes on disk), the others quantized from it. Tensors the checkpoint
+    stores quantized (gpt-oss's MXFP4 experts) the converter copies as they are, at any outtype.
+    Each file's {"wall_s", "peak_rss_bytes"} of making it is kept beside it (FILE.json). The
+    converted file may be deleted to save disk once the quantized ones exist: it is made again
+    only when a type is missing."""
     py = venv_python()
-    d = cache_root() / "gguf" / short_hash(ckpt_hash, LLAMA_CPP_VERSION)
+    d = cache_root() / "gguf" / short_hash(ckpt_hash, LLAMA_CPP_VERSION, *([outtype] if outtype != "f32" else []))
     d.mkdir(parents=True, exist_ok=True)
-    f32 = d / "f32.gguf"
+    f32 = d / f"{outtype}.gguf"
     llama = sdist_dir() / "vendor/llama.cpp"
-    if not (f32.exists() and _done(d)):
-        say("converting the checkpoint to GGUF F32 (llama.cpp convert_hf_to_gguf.py)")
-        _run_logged([str(py), str(llama / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", "f32",
-                     "--outfile", str(f32)], d / "convert.log", env={"PYTHONPATH": str(llama / "gguf-py")},
-                    what="convert_hf_to_gguf")
+    missing = [t for t in types if t != outtype and not (d / f"{t}.gguf").exists()]
+    if not (f32.exists() and _done(d)) and (missing or outtype in types or not types):
+        say(f"converting the checkpoint to GGUF {outtype.upper()} (llama.cpp convert_hf_to_gguf.py)")
+        cost = _run_logged([str(py), str(llama / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", outtype,
+                            "--outfile", str(f32)], d / "convert.log", env={"PYTHONPATH": str(llama / "gguf-py")},
+                           what="convert_hf_to_gguf")
+        f32.with_suffix(".json").write_text(json.dumps(cost))
         _mark(d, {"from": str(model_dir)})
-    out = {"f32": f32}
+    out = {outtype: f32}
     for t in types:
-        if t == "f32":
+        if t == outtype:
             continue
         path = d / f"{t}.gguf"
         if not path.exists():
@@ -150,7 +163,8 @@ def gguf_files(model_dir: Path, ckpt_hash: str, types: list[str]) -> dict[str, P
                     "rc = L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p)\n"
                     "sys.exit(rc)\n")
             tmp = path.with_suffix(".tmp")
-            _run_logged([str(py), "-c", code, str(f32), str(tmp)], d / f"quantize_{t}.log", what=f"quantize {t}")
+            cost = _run_logged([str(py), "-c", code, str(f32), str(tmp)], d / f"quantize_{t}.log", what=f"quantize {t}")
+            path.with_suffix(".json").write_text(json.dumps(cost))
             tmp.rename(path)
         out[t] = path
     return out
@@ -246,9 +260,15 @@ def bessemer_engine(model_dir: Path, ckpt_hash: str, name: str, args: list[str],
         say(f"building Bessemer engine {name} ({' '.join(args)})")
         repo = tree or Path(__file__).resolve().parents[1]
         env = {"PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        _run_logged([sys.executable, "-m", "bessemer.cli.build", str(model_dir), "--output", str(d), "-q", *args],
-                    d.with_name(d.name + ".log"), env=env, what=f"build-engine {name}")
+        cost = _run_logged([sys.executable, "-m", "bessemer.cli.build", str(model_dir), "--output", str(d), "-q", *args],
+                           d.with_name(d.name + ".log"), env=env, what=f"build-engine {name}")
+        build_cost_file(d).write_text(json.dumps(cost))
     return d
+
+
+def build_cost_file(engine: Path) -> Path:
+    """Where bessemer_engine keeps the build's {"wall_s", "peak_rss_bytes"}: beside the engine."""
+    return engine.with_name(engine.name + ".build.json")
 
 
 def baseline_tree(rev: str) -> Path:

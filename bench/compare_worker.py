@@ -4,17 +4,19 @@
 
 KIND: bessemer | llamacpp | ortgenai | hf. The worker loads the system, writes one JSON
 line {"ready": ...} and then answers each request line {"workload": W, "new": N} with
-{"ttft_s", "decode_s", "wall_s", "cpu_s", "generated": [tokens per sequence], "tokens": the first
-sequence's first 16 new ids (the parent checks the systems agree with HF)}; an empty
-line or EOF ends it. Every system gets the same token ids, greedy decoding, EOS ignored,
-exactly N new tokens. Protocol lines go to the original stdout; anything the libraries
-print (C code included) is sent to stderr, which the parent keeps in a log file.
+{"ttft_s", "decode_s", "wall_s", "cpu_s", "peak_rss_bytes" (the process's so far), "generated":
+[tokens per sequence], "tokens": the first sequence's first 16 new ids (the parent checks the
+systems agree with HF)}; an empty line or EOF ends it. Every system gets the same token ids,
+greedy decoding, EOS ignored, exactly N new tokens. Protocol lines go to the original stdout;
+anything the libraries print (C code included) is sent to stderr, which the parent keeps in a
+log file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -212,6 +214,7 @@ def main() -> None:
             proto.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
             continue
         m["cpu_s"] = time.process_time() - c0
+        m["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # so far; KiB on Linux
         proto.write(json.dumps(m) + "\n")
 
 

@@ -217,7 +217,8 @@ CALIBRATED = [("w4a16-awq", dict(group_size=32)), ("w4a16-gptq", dict(group_size
 # stay fp32; Qwen2-MoE's shared expert and its gate are linears)
 CALIBRATED_LINEARS = {"mixtral": 2 * 2, "qwen2-moe": 2 * 5, "qwen3-moe": 2 + 4}
 # ... plus the experts' gate_up and down per moe layer, stored RTN in the int4 modes (AWQ and
-# GPTQ calibrate linears only); w8a8-sq and fp8 have no expert kernel: experts stay fp32
+# GPTQ calibrate linears only) and in fp8 (E4M3, per-token activation scales); w8a8-sq has no
+# expert kernel: experts stay fp32
 EXPERT_WEIGHTS = {"mixtral": 2 * 2, "qwen2-moe": 2 * 2, "qwen3-moe": 2}
 
 
@@ -232,7 +233,7 @@ def test_calibrated_modes_build_and_stay_close(kind, mode, options, tiny_checkpo
                         lm_head="none", **options)
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(quant=quant, kv_block_size=4))
     report = json.loads((engine / "build_report.json").read_text())
-    experts = EXPERT_WEIGHTS.get(kind, 0) if quant.algorithm in ("awq", "gptq") else 0
+    experts = EXPERT_WEIGHTS.get(kind, 0) if quant.algorithm in ("awq", "gptq") or mode == "fp8" else 0
     assert len(report["quant_error"]) == CALIBRATED_LINEARS.get(kind, 2 * 4) + experts  # qkv, o, gate_up, down per layer
     llm = LLM(engine, num_threads=2)
     ids = list(range(5, 45))

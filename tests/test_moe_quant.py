@@ -268,8 +268,8 @@ def test_expert_notes_say_how_experts_are_stored(tiny_checkpoint):
     graph, _ = model_graph(tiny_checkpoint("mixtral"))
     awq = BuildConfig(quant=QuantConfig("w4a16-awq", calib_data="unused.txt", group_size=32))
     assert expert_notes(run_passes(graph, awq)[0], awq) == ["experts: RTN (awq calibrates linears only)"]
-    fp8 = BuildConfig(quant=QuantConfig("fp8", calib_data="unused.txt"))
-    assert expert_notes(graph, fp8) == ["experts: float32 (no fp8 expert kernel; w8a16 and w4a16 quantize experts)"]
+    sq = BuildConfig(quant=QuantConfig("w8a8-sq", calib_data="unused.txt"))
+    assert expert_notes(graph, sq) == ["experts: float32 (no w8a8-sq expert kernel; w8a16, w4a16 and fp8 quantize experts)"]
     tp2 = BuildConfig(quant=QuantConfig("w8a16"), tp_size=2)
     # the tiny Mixtral's experts of 88 split to 44 per rank: 88 gate_up rows are not whole panels of 16
     assert expert_notes(graph, tp2) == ["experts: float32 (2 * expert_size (per rank at --tp 2: 44) and hidden_size "

@@ -156,6 +156,13 @@ FP8_LAYER_MIN_SQNR_DB = 24.0
 # flips stay far below this (measured on the tiny models: <= 4e-7 of max|HF|, no flip,
 # while the quantization itself moves the logits by ~0.1 of max|HF|).
 FP8_FAKE_QUANT_LOGITS_RTOL = 2e-3
+# moe_fp8@1 vs ops.ref_moe with E4M3 per-token matmul inputs (tests/test_moe_fp8.py): gate_up's
+# input is exact, but down's is the activation, which the kernel computes in fp32 and the
+# reference in float64; a value within an ulp of an E4M3 rounding boundary can take the
+# neighbouring code (one E4M3 step, <= 2^-3 of that value, times one weight column). No
+# flip gives FP8_LINEAR_RTOL-sized errors; this allows a few flips, and stays 20x below the
+# activation rounding itself (asserted beside it).
+FP8_MOE_RTOL = 2e-3
 # SmolLM2 perplexity of the fp8 engine relative to the fp32 engine, by the issue's protocol
 # (8192 tokens, windows of 1024): the issue's target, asserted. Round-to-nearest E4M3 weights
 # miss it (+3.57%: their 3 mantissa bits give ~31.6 dB SQNR vs int8's 41-42 dB); GPTQ on the
@@ -214,14 +221,16 @@ CUDA_BF16_ERROR_RATIO = 2.0
 # olmo2, phi3, smollm3, seed-oss: RTN w4a16-g32 0.23-0.32, awq 0.21-0.30, gptq 0.21-0.29,
 # w8a16 0.013-0.030, w8a8-sq 0.018-0.042, fp8 0.13-0.16.
 CALIBRATED_FAMILY_REL_ERROR = {"w4a16-awq": 0.35, "w4a16-gptq": 0.35, "w8a8-sq": 0.08, "fp8": 0.2}
-# The MoE families: routers and experts stay fp32, yet the error vs HF fp32 is larger than the
-# dense families' because quantization noise in the attention output flips near-tie top-k
-# routes of these tiny random routers (their weight-only engines equal fake-quantized HF to
-# 1e-4: test_quantization, so the kernels are exact). Measured: qwen2-moe awq 0.187, gptq 0.145,
-# w8a8-sq 0.094, fp8 0.093; qwen3-moe awq 0.341, gptq 0.311, w8a8-sq 0.237, fp8 0.246;
-# mixtral (only attention quantized, 4 experts top-2) awq 0.426, gptq 0.436, w8a8-sq 0.228,
-# fp8 0.337. A weaker check than the dense families' (it catches a scale off by its square,
-# not a subtle fold error): the dense bound with routing ties left out is the better oracle.
+# The MoE families: routers stay fp32 (experts too, except fp8's E4M3 ones), yet the error vs
+# HF fp32 is larger than the dense families' because quantization noise in the attention
+# output flips near-tie top-k routes of these tiny random routers (their weight-only engines
+# equal fake-quantized HF to 1e-4: test_quantization, so the kernels are exact). Measured:
+# qwen2-moe awq 0.187, gptq 0.145, w8a8-sq 0.094, fp8 0.093; qwen3-moe awq 0.341, gptq 0.311,
+# w8a8-sq 0.237, fp8 0.246; mixtral (only attention quantized, 4 experts top-2) awq 0.426,
+# gptq 0.436, w8a8-sq 0.228, fp8 0.337; fp8 with E4M3 experts too: qwen2-moe 0.086,
+# qwen3-moe 0.237, mixtral 0.337. A weaker check than the dense families' (it catches a scale
+# off by its square, not a subtle fold error): the dense bound with routing ties left out is
+# the better oracle.
 CALIBRATED_MOE_REL_ERROR = {"w4a16-awq": 0.55, "w4a16-gptq": 0.55, "w8a8-sq": 0.4, "fp8": 0.45}
 
 # fp8 with dynamic per-token activation scales at TP=2: a row-parallel linear scales each

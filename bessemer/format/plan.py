@@ -115,6 +115,9 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    scales, down codes, scales, (biases)?]; 2I and H multiples of 16
     moe_w4a16@1    likewise with linear_w4a16@2/@3's parts (int4 panel16_int4(_k8) codes, bf16
                    panel16 scales (E*N, K/G) and, attrs zero_point, offsets); x rounded to bf16
+    moe_fp8@1      likewise with linear_fp8@2's parts (float8_e4m3 panel16 codes, f32 scales [E*N])
+                   and its dynamic per-token activation scales (attrs act_group as linear_fp8@2's):
+                   each matmul's input row x[t] is read as e4m3(x[t] / s_x[t]) * s_x[t]
     moe_mxfp4@1    moe@1 (layout 1) with experts in MXFP4: codes uint8 (E*N, K/2) (E2M1, element
                    2j in the low nibble of byte j), scales uint8 (E*N, K/32) (E8M0); row_major
     gather_rows@1  ins [x] (tokens rows); outs [y] (selected rows); y[i] = x[logits_indices[i]]

@@ -23,7 +23,7 @@ scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never nam
                     int8 x int8 kernel (w8a8-sq)
     Fp8E4M3         E4M3 codes + fp32 channel scales (+ the static input scale) (fp8)
     ExpertStack     a mixture of experts' matrices, each expert's (N, K) in a dense format
-                    above, stacked as (E*N, K) rows (w8a16, w4a16 experts)
+                    above, stacked as (E*N, K) rows (w8a16, w4a16, fp8 experts: expert_format)
     Mxfp4Experts    experts in MXFP4 as gpt-oss ships them: E2M1 codes + E8M0 scale per 32
 """
 
@@ -461,3 +461,15 @@ def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat
     if quant.act_bits == 8:
         return Int4GroupA8(group)
     return Int4Group(group, quant.zero_point)
+
+
+def expert_format(quant, in_features: int) -> StoredFormat:
+    """The format of each expert matrix (ExpertStack's inner) under `quant`: the mode's linear
+    format, except that fp8 experts always scale their activations per token in the kernel.
+    A static scale is the calibrated max |x| of one linear's input, and calibration reaches
+    linears only; so static builds keep it for their linears, and act_group applies to the
+    experts only where the linears are dynamic too."""
+    fmt = weight_format(quant, in_features)
+    if isinstance(fmt, Fp8E4M3) and not fmt.dynamic:
+        return Fp8E4M3(dynamic=True)
+    return fmt

@@ -7,11 +7,12 @@ target's lowering picks the kernel that reads it. Exclusions are fnmatch pattern
 names (HF module paths). A w8a8 (SmoothQuant) linear whose input comes from attention (no
 producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 1/s.
 A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
-node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 format) when the
-target has a kernel for them, by round to nearest whatever the mode's algorithm (calibration
-covers linears only); otherwise (modes without an expert kernel: w8a8-sq, fp8; rows, per
-tensor-parallel rank, that are not whole panels of 16) they stay float32. expert_notes() says
-which, for the build log.
+node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 / E4M3 format:
+formats.expert_format) when the target has a kernel for them, by round to nearest whatever the
+mode's algorithm (calibration covers linears only; fp8 experts scale their activations per
+token); otherwise (w8a8-sq, which has no expert kernel; a target without quantized expert
+kernels; rows, per tensor-parallel rank, that are not whole panels of 16) they stay float32.
+expert_notes() says which, for the build log.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
 the mode's scheme (see quantization/config.py). A precision plan (QuantConfig.precision,
@@ -28,7 +29,8 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.passes.shard_tensor_parallel import rank_expert_size
 from bessemer.ir.graph import Graph, Node
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import ExpertStack, Int4Group, Int8PerChannel, scheme_format, weight_format
+from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, expert_format,
+                                          scheme_format, weight_format)
 from bessemer.targets import get_target
 
 
@@ -78,8 +80,8 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
 def _float32_experts_reason(node: Node, build: BuildConfig) -> str | None:
     """Why node's experts stay float32 under build.quant, or None: they are quantized."""
     q = build.quant
-    if not isinstance(weight_format(q, node.weights[0].shape[1]), (Int8PerChannel, Int4Group)):
-        return f"no {q.mode} expert kernel; w8a16 and w4a16 quantize experts"
+    if not isinstance(expert_format(q, node.weights[0].shape[1]), (Int8PerChannel, Int4Group, Fp8E4M3)):
+        return f"no {q.mode} expert kernel; w8a16, w4a16 and fp8 quantize experts"
     try:
         get_target(build.target).quant_kernel("moe", ExpertStack)
     except InvalidOptionError:
@@ -101,7 +103,7 @@ def _quantize_experts(node: Node, build: BuildConfig) -> Node:
         return node
     stacked = int(node.attrs.get("layout", 0)) == 1
     experts = int(node.attrs.get("local_experts", node.attrs["num_experts"]))
-    weights = tuple(replace(w, quant=ExpertStack(weight_format(build.quant, w.shape[1]), experts, stacked))
+    weights = tuple(replace(w, quant=ExpertStack(expert_format(build.quant, w.shape[1]), experts, stacked))
                     for w in node.weights[:2])
     return replace(node, weights=weights + node.weights[2:],
                    attrs={k: v for k, v in node.attrs.items() if k != "mxfp4_experts"})
@@ -115,9 +117,13 @@ def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
     notes = set()
     for n in (n for n in graph.nodes if n.op == "moe"):
         why = _float32_experts_reason(n, build)
-        algorithm = build.quant.algorithm
-        if why is None:
-            notes.add("RTN" if algorithm == "rtn" else f"RTN ({algorithm} calibrates linears only)")
+        q = build.quant
+        if why is None and isinstance(expert_format(q, n.weights[0].shape[1]), Fp8E4M3):
+            calibrated = q.fp8_activations == "static" or q.fp8_rounding == "gptq"
+            notes.add("E4M3 round to nearest, activation scales dynamic per token" +
+                      (" (calibration covers linears only)" if calibrated else ""))
+        elif why is None:
+            notes.add("RTN" if q.algorithm == "rtn" else f"RTN ({q.algorithm} calibrates linears only)")
         else:
             shipped = "; MXFP4 as shipped where the target keeps it" if n.attrs.get("mxfp4_experts") else ""
             notes.add(f"float32 ({why}){shipped}")

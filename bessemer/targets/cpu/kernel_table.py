@@ -53,6 +53,9 @@ def _experts(fmt: ExpertStack, rows: tuple[int, int]) -> QuantKernel:
     # on one expert's panels at a time); int4 K decides k8 per matrix, as for a linear
     if isinstance(fmt.inner, Int8PerChannel):
         return QuantKernel("moe_w8a16", 1, {"codes": "panel16"})
+    if isinstance(fmt.inner, Fp8E4M3):  # linear_fp8@2's parts and per-token scales (experts: dynamic only)
+        return QuantKernel("moe_fp8", 1, {"codes": "panel16"},
+                           {"act_group": fmt.inner.act_group} if fmt.inner.act_group else {})
     codes = "panel16_int4_k8" if rows[1] % 8 == 0 else "panel16_int4"
     return QuantKernel("moe_w4a16", 1, {"codes": codes, "scales": "panel16", "offsets": "panel16"},
                        {"zero_point": int(fmt.inner.zero_point)})

@@ -34,6 +34,7 @@ const KernelDef kKernels[] = {
     {kTarget, "linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {kTarget, "linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},
     {kTarget, "moe", 1, prepare_moe, run_moe},
+    {kTarget, "moe_fp8", 1, prepare_moe_fp8, run_moe_fp8},
     {kTarget, "moe_mxfp4", 1, prepare_moe_mxfp4, run_moe_mxfp4},
     {kTarget, "moe_w4a16", 1, prepare_moe_w4a16, run_moe_w4a16},
     {kTarget, "moe_w8a16", 1, prepare_moe_w8a16, run_moe_w8a16},
