@@ -167,8 +167,8 @@ def test_fp8_expert_requests_are_batch_invariant(tiny_engine, isa):
 
 def test_fp8_expert_notes_and_static_activations(tiny_checkpoint):
     """The build log says how fp8 stores experts; static activation scales (calibrated per
-    linear) leave the experts' scales dynamic; the cuda target, without a quantized expert
-    kernel, keeps them float32 and says so."""
+    linear) leave the experts' scales dynamic; the cuda target, whose grouped expert GEMMs
+    read int8 / int4 / MXFP4 only, keeps fp8 experts unquantized and says so."""
     from bessemer.builder.config import BuildConfig
     from bessemer.builder.passes.quantize import expert_notes
     from bessemer.quantization.formats import Fp8E4M3, expert_format
@@ -182,4 +182,5 @@ def test_fp8_expert_notes_and_static_activations(tiny_checkpoint):
     assert expert_notes(graph, BuildConfig(quant=static)) == [
         "experts: E4M3 round to nearest, activation scales dynamic per token (calibration covers linears only)"]
     assert expert_notes(graph, BuildConfig(quant=FP8, target="cuda", dtype="bfloat16")) == [
-        "experts: float32 (the cuda target has no quantized expert kernel yet)"]
+        "experts: float32 (experts stored as fp8_e4m3(act_group=0,dynamic=True) have no cuda kernel; "
+        "use --quant w8a16 or w4a16)"]

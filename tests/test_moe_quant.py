@@ -275,6 +275,14 @@ def test_expert_notes_say_how_experts_are_stored(tiny_checkpoint):
     assert expert_notes(graph, tp2) == ["experts: float32 (2 * expert_size (per rank at --tp 2: 44) and hidden_size "
                                         "must be multiples of 16 for quantized experts)"]
     assert expert_notes(graph, BuildConfig()) == []
+    # the cuda target's int4 experts need groups of a multiple of 32: the tiny Mixtral's down
+    # (K = 88, one group of 88) keeps its experts unquantized there, and the log says why
+    cuda = BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig("w4a16", group_size=32))
+    assert expert_notes(graph, cuda) == ["experts: float32 (4-bit groups of 88 (its 88 input features) are not a "
+                                         "multiple of 32, which the cuda kernels need; use --group-size 32, 64 or "
+                                         "128 with a model whose widths they divide)"]
+    cuda_w8 = BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig("w8a16"))
+    assert expert_notes(run_passes(graph, cuda_w8)[0], cuda_w8) == ["experts: RTN"]
 
 
 @pytest.mark.parametrize("isa", ISAS)

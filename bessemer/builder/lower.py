@@ -7,6 +7,7 @@
   values of the same rows kind and width.
 - plan_calls: one KernelCall per node (split is a view, not a call), with the kernel a
   target chooses for it.
+- keep_shipped_experts: experts a checkpoint ships in MXFP4 stay MXFP4 (both targets read them).
 
 What is stored in which dtype and layout, and which kernel runs a node, is the target's
 choice (targets/<name>/lowering.py).
@@ -14,12 +15,13 @@ choice (targets/<name>/lowering.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from bessemer.ir.graph import Graph, GraphError, Node
 from bessemer.format.plan import Buffer, KernelCall, View
 from bessemer.plugins.ops import OPS
+from bessemer.quantization.formats import Mxfp4Experts
 
 # Kernels that only rotate/overwrite their inputs; the plan lists no outputs for them.
 IN_PLACE_ONLY = {"rope"}
@@ -126,3 +128,17 @@ def plan_calls(graph: Graph, view: dict[str, View], choose: KernelChoice) -> lis
         calls.append(KernelCall(op=op, version=version, node=n.name, ins=ins, outs=outs, weights=tuple(weights),
                                 attrs={k: float(v) for k, v in attrs.items()}))
     return calls
+
+
+def keep_shipped_experts(graph: Graph) -> Graph:
+    """Experts the checkpoint ships in MXFP4 (moe attr mxfp4_experts, models/gpt_oss.py) and
+    no --quant requantized stay MXFP4 (cpu: moe_mxfp4; cuda: the grouped expert GEMMs); a
+    tensor-parallel rank holds whole experts of them: the shipped bytes of its experts."""
+    def keep(n: Node) -> Node:
+        gate_up, down = n.weights[:2]
+        if gate_up.quant is not None:
+            return n
+        return replace(n, weights=tuple(replace(w, quant=Mxfp4Experts()) for w in (gate_up, down)) + n.weights[2:])
+
+    return replace(graph, nodes=tuple(keep(n) if n.op == "moe" and n.attrs.get("mxfp4_experts") else n
+                                      for n in graph.nodes))

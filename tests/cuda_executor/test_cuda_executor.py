@@ -190,7 +190,8 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
 
 @pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None),
                                            pytest.param(KIND, None, "w4a16", marks=pytest.mark.slow),
-                                           pytest.param("gpt-oss", None, None, marks=pytest.mark.slow)])
+                                           pytest.param("gpt-oss", None, None, marks=pytest.mark.slow),
+                                           pytest.param("gpt-oss", None, "w4a16", marks=pytest.mark.slow)])
 def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, fake_cuda, tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
@@ -199,7 +200,8 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
     kv int8: a one-byte cache whose scales follow each block's codes; the runtime sizes a
     block as format/kv.py counts it, and the scale pointers are the cache regions. w4a16 g32:
     the decode GEMMs split K over a second grid axis, with the split-K workspace. gpt-oss: the
-    moe launches (3-D grids, int32 and fp32 workspace arrays) and attention with sinks."""
+    moe launches (3-D grids, int32 and fp32 workspace arrays) and attention with sinks; with
+    w4a16 its experts' grouped launches (the sort's count argument, bf16 workspace arrays)."""
     if quant:  # widths that are whole numbers of 32-wide groups
         from bessemer.builder.build import build_engine
         from bessemer.builder.config import BuildConfig
@@ -209,7 +211,10 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
         engine = Engine.load(build_engine(ckpt, tmp_path / "e", BuildConfig(
             target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
             quant=QuantConfig(quant, group_size=32))))
-        assert {w["name"] for w in engine.header["plan"]["workspace"]} >= {"split_k_partials", "split_k_counters"}
+        workspace = {w["name"]: w["dtype"] for w in engine.header["plan"]["workspace"]}
+        assert workspace.keys() >= {"split_k_partials", "split_k_counters"}
+        if kind == "gpt-oss":  # int4 experts: the grouped launches and their bf16 / int32 arrays
+            assert workspace["moe_h_grouped"] == "bfloat16" and workspace["moe_sorted"] == "int32"
     else:
         engine = Engine.load(cuda_engine(kind, **({"kv_cache_dtype": kv} if kv else {})))
     ex, first = _loaded(engine, fake_cuda, kv_cache_gib=0.01)

@@ -115,6 +115,11 @@ CUDA = {
     "linear:Int4Group": Case(_QUANTIZED, "test_gemm_w4", dict(_BF16, zero_point=True, group=32, split=4)),
     "linear:Fp8E4M3": Case(_FP8, "test_gemm_fp8", dict(_BF16, dynamic=True, m=3, tile=(16, 32, 64))),
     "embedding:Int8PerChannel": Case(_QUANTIZED, "test_embedding_w8_reads_the_int8_table"),
+    # int8 and int4 experts: one kernel family (BITS); the int4 asymmetric, gpt-oss-rows case
+    "moe:ExpertStack": Case("cuda_interpreter/test_moe_grouped.py", "test_grouped_quantized_experts_match_reference",
+                            dict(bits=4, zero_point=True, layout=1, activation=1, biases=True)),
+    "moe:Mxfp4Experts": Case("cuda_interpreter/test_moe_grouped.py", "test_grouped_quantized_experts_match_reference",
+                             dict(bits=0, zero_point=False, layout=1, activation=1, biases=True)),
 }
 
 CASES = {"cpu": CPU, "cuda": CUDA}

@@ -10,8 +10,9 @@ A MoE router (the linear feeding a moe op's router logits) stays in floating poi
 node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 / E4M3 format:
 formats.expert_format) when the target has a kernel for them, by round to nearest whatever the
 mode's algorithm (calibration covers linears only; fp8 experts scale their activations per
-token); otherwise (w8a8-sq, which has no expert kernel; a target without quantized expert
-kernels; rows, per tensor-parallel rank, that are not whole panels of 16) they stay float32.
+token); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
+format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape the target's
+expert kernel refuses, such as cuda's 4-bit groups that are not a multiple of 32) they stay float32.
 expert_notes() says which, for the build log.
 
 lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
@@ -83,7 +84,7 @@ def _float32_experts_reason(node: Node, build: BuildConfig) -> str | None:
     if not isinstance(expert_format(q, node.weights[0].shape[1]), (Int8PerChannel, Int4Group, Fp8E4M3)):
         return f"no {q.mode} expert kernel; w8a16, w4a16 and fp8 quantize experts"
     try:
-        get_target(build.target).quant_kernel("moe", ExpertStack)
+        kernel = get_target(build.target).quant_kernel("moe", ExpertStack)
     except InvalidOptionError:
         return f"the {build.target} target has no quantized expert kernel yet"
     # the size each rank's experts keep (tensor parallelism splits it after this pass)
@@ -91,7 +92,19 @@ def _float32_experts_reason(node: Node, build: BuildConfig) -> str | None:
     if (2 * size) % 16 or node.weights[0].shape[1] % 16:  # K of gate_up: hidden
         per_rank = f" (per rank at --tp {build.tp_size}: {size})" if build.tp_size > 1 else ""
         return f"2 * expert_size{per_rank} and hidden_size must be multiples of 16 for quantized experts"
+    for w in node.weights[:2]:  # the target's own limits (cuda: 4-bit groups of a multiple of 32)
+        try:
+            kernel(_expert_format(node, w, build), w.shape)
+        except InvalidOptionError as e:
+            return str(e)
     return None
+
+
+def _expert_format(node: Node, w, build: BuildConfig) -> ExpertStack:
+    """The stored format of one of node's expert matrices (gate_up or down) under build.quant."""
+    stacked = int(node.attrs.get("layout", 0)) == 1
+    experts = int(node.attrs.get("local_experts", node.attrs["num_experts"]))
+    return ExpertStack(expert_format(build.quant, w.shape[1]), experts, stacked)
 
 
 def _quantize_experts(node: Node, build: BuildConfig) -> Node:
@@ -101,10 +114,7 @@ def _quantize_experts(node: Node, build: BuildConfig) -> Node:
     keeps it: targets/cpu/lowering.py)."""
     if _float32_experts_reason(node, build) is not None:
         return node
-    stacked = int(node.attrs.get("layout", 0)) == 1
-    experts = int(node.attrs.get("local_experts", node.attrs["num_experts"]))
-    weights = tuple(replace(w, quant=ExpertStack(expert_format(build.quant, w.shape[1]), experts, stacked))
-                    for w in node.weights[:2])
+    weights = tuple(replace(w, quant=_expert_format(node, w, build)) for w in node.weights[:2])
     return replace(node, weights=weights + node.weights[2:],
                    attrs={k: v for k, v in node.attrs.items() if k != "mxfp4_experts"})
 

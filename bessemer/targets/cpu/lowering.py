@@ -16,11 +16,10 @@ from dataclasses import replace
 
 from bessemer.builder.config import BuildConfig
 from bessemer.ir.graph import Graph, GraphError, Node, WeightRef
-from bessemer.builder.lower import TensorSpec, plan_calls, plan_memory
+from bessemer.builder.lower import TensorSpec, keep_shipped_experts, plan_calls, plan_memory
 from bessemer.errors import InvalidOptionError
 from bessemer.format.plan import ExecutionPlan
 from bessemer.plugins.ops import OPS
-from bessemer.quantization.formats import Mxfp4Experts
 from bessemer.targets.cpu import TARGET
 from bessemer.targets.cpu.kernel_table import QuantKernel
 
@@ -77,20 +76,6 @@ def choose_kernel(n: Node) -> tuple[str, int, list[str], dict]:
         return n.op, OPS[n.op].version, names, attrs
     k = quant_kernel(n, ref)
     return k.op, k.version, names, dict(attrs, **k.attrs)
-
-
-def keep_shipped_experts(graph: Graph) -> Graph:
-    """Experts the checkpoint ships in MXFP4 (moe attr mxfp4_experts, models/gpt_oss.py) and
-    no --quant requantized stay MXFP4 for moe_mxfp4 (a tensor-parallel rank holds whole
-    experts of them: the shipped bytes of its experts)."""
-    def keep(n: Node) -> Node:
-        gate_up, down = n.weights[:2]
-        if gate_up.quant is not None:
-            return n
-        return replace(n, weights=tuple(replace(w, quant=Mxfp4Experts()) for w in (gate_up, down)) + n.weights[2:])
-
-    return replace(graph, nodes=tuple(keep(n) if n.op == "moe" and n.attrs.get("mxfp4_experts") else n
-                                      for n in graph.nodes))
 
 
 def lower(graph: Graph, build: BuildConfig, kv_cache: dict) -> tuple[ExecutionPlan, list[TensorSpec]]:

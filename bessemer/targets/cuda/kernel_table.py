@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import Fp8E4M3, Int4Group, Int8PerChannel
+from bessemer.quantization.formats import ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, Mxfp4Experts
 
 # plugins/ops.py ops lower.py lowers (split: column views, no launch); no collectives yet
 KERNELS = frozenset({
@@ -32,6 +32,7 @@ class QuantKernel:
 
 
 _CODES_AND_SCALES = (("codes_ptr", "codes", ""), ("scales_ptr", "scales", ""))
+_NO_OFFSETS = _CODES_AND_SCALES + (("offsets_ptr", "offsets", "float32"),)  # a null pointer
 
 
 def _gemm_w4(fmt: Int4Group, shape) -> QuantKernel:
@@ -46,9 +47,34 @@ def _gemm_w4(fmt: Int4Group, shape) -> QuantKernel:
                        (64 if fmt.zero_point else 128, min(64, fmt.group_size)))
 
 
+def _experts(fmt: ExpertStack, shape) -> QuantKernel:
+    """A moe node's gate_up or down stored as an ExpertStack: read by the grouped expert GEMMs
+    (kernels/moe_grouped.py). The row names the gate/up kernel; the down launch runs its
+    partner moe_down_grouped_kernel on the same parameters (lower.py)."""
+    rows = fmt.rows_shape(shape)  # (E*N, K)
+    inner = fmt.inner
+    if isinstance(inner, Int8PerChannel):
+        return QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OFFSETS,
+                           dict(BITS=8, MXFP4=False, GROUP=0, SYMMETRIC=True), (64, 64))
+    if type(inner) is not Int4Group:
+        raise InvalidOptionError(f"experts stored as {inner.describe()} have no cuda kernel; use --quant w8a16 "
+                                 "or w4a16")
+    dense = _gemm_w4(inner, rows)  # the same 4-bit groups as a linear's: multiples of 32
+    return QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", dense.parts,
+                       dict(BITS=4, MXFP4=False, GROUP=inner.group_size, SYMMETRIC=not inner.zero_point),
+                       (64, min(64, inner.group_size)))
+
+
+# gpt-oss's experts as shipped (no --quant): E2M1 codes and E8M0 scales per 32 of K, read by
+# the same grouped GEMMs (K blocks of 32: one scale each)
+_MXFP4_EXPERTS = QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OFFSETS,
+                             dict(BITS=4, MXFP4=True, GROUP=32, SYMMETRIC=True), (64, 32))
+
+
 # (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
 # Weight-only int8 / int4 codes: kernels/gemm_quant.py; fp8: kernels/gemm_fp8.py; a tied
-# embedding table quantized with lm_head: gathered by embedding_w8_kernel from the same parts.
+# embedding table quantized with lm_head: gathered by embedding_w8_kernel from the same parts;
+# a moe node's int8 / int4 / MXFP4 experts: the grouped expert GEMMs of kernels/moe_grouped.py.
 QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "gemm_w8_kernel", _CODES_AND_SCALES,
                                                                max_block=(128, 64)),
@@ -58,4 +84,6 @@ QUANT_KERNELS = {
         dict(DYNAMIC=fmt.dynamic)),
     ("embedding", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "embedding_w8_kernel",
                                                                   _CODES_AND_SCALES),
+    ("moe", ExpertStack): _experts,
+    ("moe", Mxfp4Experts): lambda fmt, shape: _MXFP4_EXPERTS,
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bessemer.builder.config import BuildConfig
 from bessemer.ir.graph import Graph, GraphError
-from bessemer.builder.lower import TensorSpec, plan_memory
+from bessemer.builder.lower import TensorSpec, keep_shipped_experts, plan_memory
 from bessemer.format.plan import ROWS_SELECTED
 from bessemer.errors import InvalidOptionError
 from bessemer.targets.cuda.compile import KernelSpec
@@ -26,6 +26,7 @@ from bessemer.targets.cuda.target import TARGET
 
 K = "bessemer.targets.cuda.kernels."
 TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32": "i32", "int8": "i8", "int4": "u8",
+                "uint8": "u8",
                 "float8_e4m3": "fp8e4nv"}
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # GEMM tile configs by bucket of M (rows of the step), sm_90: (max rows, BLOCK_M, BLOCK_N,
@@ -37,6 +38,9 @@ GEMM_CONFIGS = ((16, 16, 64, 128, 4, 4), (64, 64, 64, 64, 4, 4), (None, 128, 128
 SPLIT_K_PROGRAMS = 264
 SPLIT_K_MAX_ROWS = 16  # the decode bucket
 ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
+# rows of a grouped expert GEMM tile (kernels/moe_grouped.py), whatever the step's rows: a
+# decode step's few tokens per expert fill one 16-row mma.sync tile
+MOE_BLOCK_M = 16
 DECODE_MIN_KEYS_PER_SPLIT = 256  # decode splits: one per 256 positions of max_seq_len, <= 16
 SAMPLE_SEARCH_STEPS = 32  # bisection steps over int32 order keys: exact
 # one-byte KV caches (format/kv.py dtypes) -> the kernels' KV_CODES constexpr (0: activation dtype)
@@ -68,7 +72,7 @@ class _Lowering:
                          "dtype": "float32" if b.id == logits_buffer else self.act} for b in buffers]
         self.tensors: dict[str, list[TensorSpec]] = {}  # weight -> its tensors (a quantized one: codes, parts)
         self.split_k = {"partials": 0, "counters": 0}  # the split-K workspace's elements (max over linears)
-        self.moe: dict[str, int] = {}  # the moe workspace arrays' elements (max over moe nodes)
+        self.moe: dict[str, tuple[str, int]] = {}  # moe workspace array -> (dtype, elements: max over moe nodes)
         self.kv_dtype = kv_dtype
         self.kv_codes = KV_CODES[kv_dtype] if kv_dtype in KV_CODES else 0
 
@@ -380,23 +384,46 @@ def _step_inputs(build: BuildConfig, tile_tokens: int) -> tuple:
     return tuple({"name": n, "dtype": "float32" if n in floats else "int32", "elems": e} for n, e in sizes)
 
 
+def _moe_workspace(lw: _Lowering, *arrays: tuple[str, str, int]) -> dict:
+    """Workspace arguments of a moe node's arrays (name, dtype, elements): each array is sized
+    for the largest node that uses it."""
+    for name, dtype, elems in arrays:
+        lw.moe[name] = (dtype, max(lw.moe.get(name, (dtype, 0))[1], elems))
+    return {name: {"workspace": name} for name, _, _ in arrays}
+
+
 def _lower_moe(lw: _Lowering, n) -> list:
-    """Routing, then the routed experts' gate/up and down (kernels/moe.py), through a
-    workspace of [tokens, top_k] experts, weights and intermediate activations."""
+    """Routing, then the routed experts: per-token GEMVs over experts stored in the activation
+    dtype (kernels/moe.py), or the tokens grouped by expert and one GEMM per active expert
+    over quantized experts (kernels/moe_grouped.py), through a workspace of [tokens, top_k]
+    experts, weights and intermediate activations."""
     (x, logits), (y,) = n.inputs, n.outputs
     a = n.attrs
-    hidden, size, top_k, experts = lw.graph.values[x].width, int(a["expert_size"]), int(a["top_k"]), int(a["num_experts"])
+    top_k, experts = int(a["top_k"]), int(a["num_experts"])
     if int(a.get("first_expert", 0)) or int(a.get("local_experts", experts)) != experts:
         raise GraphError(f"{n.name}: experts split across ranks; the cuda target builds one rank")
-    layout, count = int(a.get("layout", 0)), lw.build.max_num_tokens * top_k
-    for name, elems in (("moe_experts", count), ("moe_weights", count), ("moe_h", count * size)):
-        lw.moe[name] = max(lw.moe.get(name, 0), elems)
-    act = "*" + TRITON_TYPES[lw.act]
-    gate_up, down = (lw.weight(w, lw.act) for w in n.weights[:2])
+    count = lw.build.max_num_tokens * top_k
+    work = _moe_workspace(lw, ("moe_experts", "int32", count), ("moe_weights", "float32", count))
+    route = lw.launch((n.name + ".route", "moe"), "moe", "moe_route_kernel", _rows_grid("tokens"), [
+        lw.value_param("logits_ptr", logits), ("experts_ptr", "*i32", work["moe_experts"], True),
+        ("weights_ptr", "*fp32", work["moe_weights"], True)],
+        dict(LOGITS_STRIDE=lw.stride(logits), NUM_EXPERTS=experts, TOP_K=top_k,
+             SOFTMAX_AFTER_TOPK=bool(int(a["softmax_after_topk"])), NORM_TOPK_PROB=bool(int(a["norm_topk_prob"])),
+             BLOCK_E=pow2(experts)))
     has_bias = len(n.weights) > 2
     biases = [lw.weight(w, "float32") if has_bias else {"null": True} for w in (n.weights[2:4] if has_bias else (None, None))]
-    work = {k: {"workspace": k} for k in ("moe_experts", "moe_weights", "moe_h")}
-    if layout == 1:  # (E, H, 2I) gate/up interleaved, (E, I, H)
+    experts_of = _lower_moe_grouped if n.weights[0].quant is not None else _lower_moe_per_token
+    return [route] + experts_of(lw, n, work, biases, has_bias)
+
+
+def _lower_moe_per_token(lw: _Lowering, n, work: dict, biases: list, has_bias: bool) -> list:
+    (x, _), (y,) = n.inputs, n.outputs
+    a = n.attrs
+    hidden, size, top_k = lw.graph.values[x].width, int(a["expert_size"]), int(a["top_k"])
+    work = dict(work, **_moe_workspace(lw, ("moe_h", "float32", lw.build.max_num_tokens * top_k * size)))
+    act = "*" + TRITON_TYPES[lw.act]
+    gate_up, down = (lw.weight(w, lw.act) for w in n.weights[:2])
+    if int(a.get("layout", 0)) == 1:  # (E, H, 2I) gate/up interleaved, (E, I, H)
         gu = dict(EXPERT_STRIDE=hidden * 2 * size, ROW_STRIDE=2, K_STRIDE=2 * size, UP_OFFSET=1,
                   BIAS_ROW_STRIDE=2, BIAS_UP_OFFSET=1)
         dn = dict(EXPERT_STRIDE=size * hidden, OUT_STRIDE=1, I_STRIDE=hidden)
@@ -405,12 +432,6 @@ def _lower_moe(lw: _Lowering, n) -> list:
                   BIAS_ROW_STRIDE=1, BIAS_UP_OFFSET=size)
         dn = dict(EXPERT_STRIDE=hidden * size, OUT_STRIDE=size, I_STRIDE=1)
     block_i, block_h = min(64, pow2(size)), min(64, pow2(hidden))
-    route = lw.launch((n.name + ".route", "moe"), "moe", "moe_route_kernel", _rows_grid("tokens"), [
-        lw.value_param("logits_ptr", logits), ("experts_ptr", "*i32", work["moe_experts"], True),
-        ("weights_ptr", "*fp32", work["moe_weights"], True)],
-        dict(LOGITS_STRIDE=lw.stride(logits), NUM_EXPERTS=experts, TOP_K=top_k,
-             SOFTMAX_AFTER_TOPK=bool(int(a["softmax_after_topk"])), NORM_TOPK_PROB=bool(int(a["norm_topk_prob"])),
-             BLOCK_E=pow2(experts)))
     gate_up_launch = lw.launch((n.name + ".gate_up", "moe"), "moe", "moe_gate_up_kernel",
                                (("tokens", 1, 1), top_k, cdiv(size, block_i)), [
         lw.value_param("x_ptr", x), ("experts_ptr", "*i32", work["moe_experts"], True),
@@ -424,7 +445,57 @@ def _lower_moe(lw: _Lowering, n) -> list:
         ("down_bias_ptr", "*fp32", biases[1], has_bias), lw.value_param("y_ptr", y)],
         dict(Y_STRIDE=lw.stride(y), HIDDEN=hidden, EXPERT_SIZE=size, TOP_K=top_k, HAS_BIAS=has_bias,
              BLOCK_H=block_h, BLOCK_I=block_i, **dn))
-    return [route, gate_up_launch, down_launch]
+    return [gate_up_launch, down_launch]
+
+
+def _lower_moe_grouped(lw: _Lowering, n, work: dict, biases: list, has_bias: bool) -> list:
+    """Quantized experts (kernel_table.QUANT_KERNELS' moe rows): sort the routed slots by
+    expert, then grouped gate/up and down GEMMs and the slot-ordered combine. One tile config
+    per weight shape, whatever the step's rows (batch invariance: kernels/moe_grouped.py)."""
+    (x, _), (y,) = n.inputs, n.outputs
+    a = n.attrs
+    hidden, size = lw.graph.values[x].width, int(a["expert_size"])
+    top_k, experts = int(a["top_k"]), int(a["num_experts"])
+    count = lw.build.max_num_tokens * top_k
+    work = dict(work, **_moe_workspace(lw, ("moe_sorted", "int32", count), ("moe_starts", "int32", experts + 1),
+                                       ("moe_h_grouped", lw.act, count * size),
+                                       ("moe_out", "float32", count * hidden)))
+    block_e = pow2(experts)
+    # programs of the expert-tile axis: at least cdiv(T top_k, BLOCK_M); each loops over its
+    # share of the (at most cdiv(T top_k, BLOCK_M) + E) tiles
+    programs = ("tokens", MOE_BLOCK_M, top_k)
+    sort = lw.launch((n.name + ".sort", "moe"), "moe_grouped", "moe_sort_kernel", (1, 1, 1), [
+        ("experts_ptr", "*i32", work["moe_experts"], True), ("sorted_ptr", "*i32", work["moe_sorted"], True),
+        ("starts_ptr", "*i32", work["moe_starts"], True), ("T", "i32", {"count": "tokens"}, False)],
+        dict(TOP_K=top_k, NUM_EXPERTS=experts, BLOCK=max(16, 4096 // block_e), BLOCK_E=block_e))
+    grouped = [("sorted_ptr", "*i32", work["moe_sorted"], True), ("starts_ptr", "*i32", work["moe_starts"], True)]
+    h = ("h_ptr", "*" + TRITON_TYPES[lw.act], work["moe_h_grouped"], True)
+
+    def gemm(w, n_out: int, bias) -> tuple:
+        """(kernel, runtime parameters from the sorted rows to the bias, constexprs, grid) of
+        the grouped GEMM reading w, whose experts have n_out output rows each."""
+        kernel, weights = lw.quant_kernel(n.op, w)
+        max_bn, max_bk = kernel.max_block
+        tiles = dict(BLOCK_M=MOE_BLOCK_M, BLOCK_N=max(16, min(max_bn, pow2(n_out))), BLOCK_K=max_bk,
+                     BLOCK_E=block_e, HAS_BIAS=has_bias, **kernel.constexprs)
+        return (kernel, grouped + weights + [("bias_ptr", "*fp32", bias, has_bias)], tiles,
+                (programs, cdiv(n_out, tiles["BLOCK_N"]), 1))
+
+    kernel, params, tiles, grid = gemm(n.weights[0], size, biases[0])
+    rows = dict(ROW_STRIDE=2, UP_OFFSET=1) if int(a.get("layout", 0)) == 1 else dict(ROW_STRIDE=1, UP_OFFSET=size)
+    gate_up = lw.launch((n.name + ".gate_up", "moe"), kernel.family, kernel.function, grid, [
+        lw.value_param("x_ptr", x), *params, h],
+        dict(X_STRIDE=lw.stride(x), HIDDEN=hidden, EXPERT_SIZE=size, TOP_K=top_k, NUM_EXPERTS=experts,
+             ACTIVATION=int(a.get("activation", 0)), **rows, **tiles))
+    kernel, params, tiles, grid = gemm(n.weights[1], hidden, biases[1])
+    down = lw.launch((n.name + ".down", "moe"), kernel.family, "moe_down_grouped_kernel", grid, [
+        h, *params, ("out_ptr", "*fp32", work["moe_out"], True)],
+        dict(HIDDEN=hidden, EXPERT_SIZE=size, NUM_EXPERTS=experts, **tiles))
+    block_h = min(256, pow2(hidden))
+    combine = lw.launch(n, "moe_grouped", "moe_combine_kernel", _rows_grid("tokens", cdiv(hidden, block_h)), [
+        ("out_ptr", "*fp32", work["moe_out"], True), ("weights_ptr", "*fp32", work["moe_weights"], True),
+        lw.value_param("y_ptr", y)], dict(Y_STRIDE=lw.stride(y), HIDDEN=hidden, TOP_K=top_k, BLOCK_H=block_h))
+    return [sort, gate_up, down, combine]
 
 
 LOWERINGS = {"embedding": _lower_embedding, "rms_norm": _lower_rms_norm, "add_rms_norm": _lower_add_rms_norm,
@@ -449,6 +520,7 @@ def check_supported(graph: Graph) -> None:
 
 
 def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPlan, list[TensorSpec]]:
+    graph = keep_shipped_experts(graph)
     check_supported(graph)
     if model_kv["dtype"] in KV_CODES and model_kv["head_dim"] % 4:
         raise InvalidOptionError(f"--kv-cache-dtype {build.kv_cache_dtype} on the cuda target needs a head_dim "
@@ -477,8 +549,7 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
     workspace = ({"name": "attn_partials", "dtype": "float32",
                   "elems": build.max_batch_size * kv_heads * shape["splits"] * shape["group"] * (d + 2)},)
-    workspace += tuple({"name": name, "dtype": "int32" if name == "moe_experts" else "float32", "elems": elems}
-                       for name, elems in lw.moe.items())
+    workspace += tuple({"name": name, "dtype": dtype, "elems": elems} for name, (dtype, elems) in lw.moe.items())
     if lw.split_k["counters"]:
         workspace += ({"name": "split_k_partials", "dtype": "float32", "elems": lw.split_k["partials"]},
                       {"name": "split_k_counters", "dtype": "int32", "elems": lw.split_k["counters"]})

@@ -13,7 +13,9 @@ tensor-core dots with fp32 accumulation. The codes are the target-neutral format
   even and an odd k: the x tile is read as its even and its odd columns and the two nibble
   planes each take one dot.
 
-Tiles per bucket of M as the dense GEMM (lowering: GEMM_CONFIGS), K blocks of at most 64.
+The dequantizing steps (int8_codes, int4_x_planes, int4_group_block) are shared with the
+quantized expert GEMMs (kernels/moe_grouped.py). Tiles per bucket of M as the dense GEMM
+(lowering: GEMM_CONFIGS), K blocks of at most 64.
 
 Split-K (decode): with a few rows there are too few output tiles to keep every SM streaming
 weights, so the K range is cut into SPLIT_K parts (grid axis 1), each program streams its
@@ -28,6 +30,51 @@ import triton
 import triton.language as tl
 
 from bessemer.targets.cuda.kernels.gemm import output_tile
+
+
+@triton.jit
+def int8_codes(w_cols, k, n_ok, K: tl.constexpr, dtype: tl.constexpr):
+    """The int8 codes of output columns w_cols ([1, BLOCK_N] row pointers) at input rows k
+    ([BLOCK_K]) as a [BLOCK_K, BLOCK_N] dot operand of dtype: |code| <= 127 is exact in bf16
+    and fp16, so the dot is of x and the codes and the channel scale multiplies its result."""
+    b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0)
+    return b.to(tl.float32).to(dtype)
+
+
+@triton.jit
+def int4_x_planes(x_rows, m_ok, k0, j, K: tl.constexpr):
+    """x's even and odd columns k0 + 2j and k0 + 2j + 1 ([BLOCK_M, HALF] each) of the rows at
+    x_rows ([BLOCK_M, 1] pointers): the operands of one K block's two nibble-plane dots."""
+    k_even = k0 + 2 * j
+    x_mask = m_ok[:, None] & (k_even[None, :] < K)
+    x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)
+    x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
+    return x_even, x_odd
+
+
+@triton.jit
+def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K: tl.constexpr,
+                     GROUP: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] + one K block [k0, k0 + 2 HALF) of x W^T for int4 codes: w_cols
+    [1, BLOCK_N] pointers to each output row's code bytes, p_cols [BLOCK_N] the row's first
+    group parameter; the block lies inside group k0 // GROUP."""
+    k_even = k0 + 2 * j
+    b = tl.load(w_cols + (k0 // 2 + j)[:, None], mask=n_ok[None, :] & (k_even[:, None] < K), other=0)
+    lo = (b & 15).to(tl.float32)
+    hi = (b >> 4).to(tl.float32)
+    if SYMMETRIC:  # c - 8 in -8..7: exact in bf16
+        lo -= 8.0
+        hi -= 8.0
+    part = tl.dot(x_even, lo.to(x_even.dtype))
+    part = tl.dot(x_odd, hi.to(x_odd.dtype), part)
+    g = k0 // GROUP
+    s = tl.load(scales_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
+    acc += part * s[None, :]
+    if not SYMMETRIC:
+        o = tl.load(offsets_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
+        x_sum = tl.sum(x_even.to(tl.float32), axis=1) + tl.sum(x_odd.to(tl.float32), axis=1)
+        acc += x_sum[:, None] * o[None, :]
+    return acc
 
 
 @triton.jit
@@ -82,8 +129,7 @@ def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, 
     for k0 in range(k_start, k_stop, BLOCK_K):
         k = k0 + rk
         a = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
-        b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0)
-        acc = tl.dot(a, b.to(tl.float32).to(a.dtype), acc)  # |code| <= 127: exact in bf16 and fp16
+        acc = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), acc)
     acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
     if done:
         acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
@@ -113,25 +159,9 @@ def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, p
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_start, k_stop = _split_range(K, SPLIT_K)
     for k0 in range(k_start, k_stop, BLOCK_K):
-        k_even = k0 + 2 * j
-        x_mask = m_ok[:, None] & (k_even[None, :] < K)
-        x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)
-        x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
-        b = tl.load(w_cols + (k0 // 2 + j)[:, None], mask=n_ok[None, :] & (k_even[:, None] < K), other=0)
-        lo = (b & 15).to(tl.float32)
-        hi = (b >> 4).to(tl.float32)
-        if SYMMETRIC:  # c - 8 in -8..7: exact in bf16
-            lo -= 8.0
-            hi -= 8.0
-        part = tl.dot(x_even, lo.to(x_even.dtype))
-        part = tl.dot(x_odd, hi.to(x_odd.dtype), part)
-        g = k0 // GROUP
-        s = tl.load(scales_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
-        acc += part * s[None, :]
-        if not SYMMETRIC:
-            o = tl.load(offsets_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
-            x_sum = tl.sum(x_even.to(tl.float32), axis=1) + tl.sum(x_odd.to(tl.float32), axis=1)
-            acc += x_sum[:, None] * o[None, :]
+        x_even, x_odd = int4_x_planes(x_rows, m_ok, k0, j, K)
+        acc = int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K, GROUP,
+                               SYMMETRIC)
     acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
     if done:
         if HAS_BIAS:
