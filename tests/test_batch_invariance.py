@@ -15,13 +15,11 @@ import numpy as np
 import pytest
 
 from conftest import WIKITEXT, build_once
+from invariance import MAX_TOKENS, prompts, run_alone, run_mixed
 
 from bessemer.runtime.llm import LLM
-from bessemer.runtime.sampling_params import SamplingParams
 
-MAX_TOKENS = 6
 NUM_COMPOSITIONS = 2  # random batch compositions per engine
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3, prompt_logprobs=2)
 
 
 def smollm2_quantized(smollm2_dir, run_dir, mode: str):
@@ -36,10 +34,23 @@ def smollm2_quantized(smollm2_dir, run_dir, mode: str):
                       lambda out: build_engine(smollm2_dir, out / "engine", config)) / "engine"
 
 
+def tiny_options(mode: str) -> tuple[str, dict]:
+    """(dtype, build options) of a tiny engine: a dtype, a quantization of every linear, or
+    tp2 (two ranks, the one engine test_tp_health and test_diff build)."""
+    from bessemer.quantization.config import QuantConfig
+
+    if mode == "tp2":
+        return "float32", dict(tp_size=2)
+    quant = {"fp8": QuantConfig("fp8", fp8_rounding="nearest", fp8_activations="dynamic", lm_head="none"),
+             "w4a16": QuantConfig("w4a16", group_size=32, lm_head="none")}.get(mode)
+    return ("float32", dict(kv_block_size=4, quant=quant)) if quant else (mode, dict(kv_block_size=4))
+
+
 def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     family, mode, isa = param
     if family != "smollm2":
-        return tiny_engine(family, mode, kv_block_size=4), isa
+        dtype, options = tiny_options(mode)
+        return tiny_engine(family, dtype, **options), isa
     if mode in ("float32", "bfloat16"):
         return smollm2_engine(mode), isa
     return smollm2_quantized(smollm2_dir, run_dir, mode), isa
@@ -50,10 +61,18 @@ def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"), ("smollm2", "w4a8", "auto"),
     ("smollm2", "w4a8", "avx2"),
     ("mistral", "float32", "auto"), ("gemma3", "bfloat16", "auto"),
+    ("llama-untied", "fp8", "auto"), ("llama-untied", "fp8", "avx2"),
+    ("qwen3-moe", "float32", "auto"), ("qwen3-moe", "w4a16", "auto"), ("mixtral", "w4a16", "avx2"),
+    ("llama-untied", "tp2", "auto"),
 ], ids=lambda p: "-".join(p))
 def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq, w4a8 (both ISAs); tiny Mistral and
-    Gemma 3 (sliding-window layers: blocks of keys starting inside a window)."""
+    Gemma 3 (sliding-window layers: blocks of keys starting inside a window); tiny Llama in fp8 (dynamic
+    per-token activation scales, both ISAs); tiny MoEs (Qwen3-MoE fp32 and w4a16 experts, Mixtral w4a16 on
+    AVX2: a token's experts must not depend on which other tokens share them); tiny Llama on two tensor-parallel
+    ranks. TP=2 is compared with itself only: its all-reduce adds the two ranks' partial sums of each
+    row-parallel linear, an order of the sum TP=1 does not have, so TP=2 vs TP=1 is close
+    (test_tensor_parallel.py) but not bit-identical."""
     return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
 
 
@@ -64,36 +83,6 @@ def long_engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     """SmolLM2 bf16 and tiny Gemma 3 (a full-attention layer past one key block, sliding ones
     inside it) for prompts longer than one attention key block."""
     return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
-
-
-def result(seq) -> tuple:
-    """What must be bit-identical: generated ids, their logprobs, the prompt logprobs."""
-    return seq.output_token_ids, seq.logprobs, seq.prompt_logprobs
-
-
-def run_alone(llm: LLM, prompt: list[int]) -> tuple:
-    out = llm.generate([prompt], GREEDY)[0]
-    return out.outputs[0].token_ids, out.outputs[0].logprobs, out.prompt_logprobs
-
-
-def run_mixed(llm: LLM, target: list[int], others: list[list[int]], rng: np.random.Generator) -> tuple:
-    """`target` joins after a random number of steps of some of `others` (its prefill then
-    shares steps with their decodes), the rest join with it; all run to the end."""
-    split = int(rng.integers(0, len(others) + 1))
-    for ids in others[:split]:
-        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
-    for _ in range(int(rng.integers(0, 4))):
-        llm.step()
-    (mine,) = llm.add_request(target, GREEDY)
-    for ids in others[split:]:
-        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
-    while llm.has_unfinished():
-        llm.step()
-    return result(mine)
-
-
-def prompts(rng: np.random.Generator, vocab: int, n: int, lo: int, hi: int) -> list[list[int]]:
-    return [[int(t) for t in rng.integers(3, vocab, int(rng.integers(lo, hi)))] for _ in range(n)]
 
 
 def test_a_request_is_bit_identical_alone_batched_cached_and_chunked(engine):

@@ -219,6 +219,35 @@ def test_prefix_cache_hits_and_same_output(server, small, tokenizer):
     assert small.metrics()["bessemer_prefix_cache_hits_total"] == 0
 
 
+def test_seeded_and_greedy_requests_are_bit_identical_cached_and_concurrent(server, small, tokenizer):
+    """A seeded sampled request (temperature 1, seed 42) and a greedy one, with logprobs: their
+    tokens and logprobs are the same bits on a prefix-cache miss, on a hit, and among 6
+    concurrent requests of other lengths, and equal those of the server without a prefix
+    cache (batch invariance, DESIGN: the kernels fix every reduction order per shape, and the
+    seeded stream is a function of the seed and the token's index, not of the batch)."""
+    prompt = token_prompt(tokenizer, 4242, 100)  # 6 full KV blocks of 16 and 4 tokens
+    requests = [dict(temperature=1.0, seed=42), dict(temperature=0.0)]
+
+    def run(client, extra):
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, logprobs=3,
+                                        extra_body={"ignore_eos": True}, **extra).choices[0]
+        return out.text, out.logprobs.tokens, out.logprobs.token_logprobs, out.logprobs.top_logprobs
+
+    want = [run(small.client(), extra) for extra in requests]
+    assert want[0][0] != want[1][0]  # the seeded sample is not the greedy text (else it proves less)
+    hits = server.metrics()["bessemer_prefix_cache_hits_total"]
+    assert [run(server.client(), extra) for extra in requests] == want, "prefix-cache miss"
+    assert server.metrics()["bessemer_prefix_cache_hits_total"] - hits >= 96
+    assert [run(server.client(), extra) for extra in requests] == want, "prefix-cache hit"
+
+    others = [token_prompt(tokenizer, 5000 + i, 10 + 15 * i) for i in range(6)]
+    with ThreadPoolExecutor(8) as pool:
+        busy = [pool.submit(complete, server.client(), p, 12) for p in others]
+        mine = [pool.submit(run, server.client(), extra) for extra in requests]
+        assert [f.result() for f in mine] == want, "among 6 concurrent requests"
+        assert all(f.result() for f in busy)
+
+
 @pytest.mark.parametrize("path, body, status, param", [
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),

@@ -56,6 +56,25 @@ def quantized_cache(values, kind: str, block_size: int):
     return mem.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn), mem.view(torch.float32), dequantized
 
 
+def decode_attention(q, out, k_cache, v_cache, k_scales, v_scales, tables, cu, contexts, sinks_t, scale, splits,
+                     block_m, common):
+    """The decode launch and its reduction over the step's one-row sequences, as lower.py
+    launches them (the decode tile as many rows as the prefill tile's BLOCK_M)."""
+    i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+    heads, kv_heads, head_dim = common["NUM_HEADS"], common["NUM_KV_HEADS"], common["HEAD_DIM"]
+    decode = step_inputs.decode_seqs(cu)
+    key_blocks = -(-max(contexts) // common["BLOCK_N"])
+    partials = torch.full((len(decode) * heads * key_blocks * (head_dim + 2),), float("nan"))
+    attention.attention_decode_kernel[(len(decode), kv_heads, splits)](
+        q, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(decode), partials, scale,
+        NUM_SPLITS=splits, MAX_KEY_BLOCKS=key_blocks, BLOCK_G=block_m, **common)
+    attention.attention_decode_reduce_kernel[(len(decode), heads)](
+        partials, i32(cu), i32(contexts), i32(decode), out, sinks_t, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim, OUT_STRIDE=heads * head_dim, SLIDING_WINDOW=common["SLIDING_WINDOW"],
+        MAX_KEY_BLOCKS=key_blocks, BLOCK_N=common["BLOCK_N"], BLOCK_D=common["BLOCK_D"],
+        HAS_SINKS=sinks_t.numel() > 0)
+
+
 @pytest.mark.parametrize("dtype,kv,sinks", [("bfloat16", None, False), ("float16", None, False),
                                             ("bfloat16", "int8", False), ("bfloat16", "fp8", False),
                                             ("bfloat16", None, True)])
@@ -100,15 +119,8 @@ def test_prefill_and_decode_attention_match_reference(dtype, kv, sinks, heads, k
         q, out, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(prefill), sinks_t,
         scale, OUT_STRIDE=heads * head_dim, TILE_TOKENS=tile_tokens, BLOCK_M=tiles["BLOCK_M"], HAS_SINKS=sinks,
         **common)
-    decode = step_inputs.decode_seqs(cu)
-    partials = torch.full((len(decode) * kv_heads * splits * group * (head_dim + 2),), float("nan"))
-    attention.attention_decode_kernel[(len(decode), kv_heads, splits)](
-        q, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(decode), partials, scale,
-        NUM_SPLITS=splits, BLOCK_G=max(16, 1 << (group - 1).bit_length()), **common)
-    attention.attention_decode_reduce_kernel[(len(decode), heads)](
-        partials, i32(cu), i32(decode), out, sinks_t, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-        OUT_STRIDE=heads * head_dim, NUM_SPLITS=splits, BLOCK_SPLITS=1 << (splits - 1).bit_length(), BLOCK_D=block_d,
-        HAS_SINKS=sinks)
+    decode_attention(q, out, k_cache, v_cache, k_scales, v_scales, tables, cu, contexts, sinks_t, scale, splits,
+                     tiles["BLOCK_M"], common)
 
     from tolerances import CUDA_OUTPUT_ROUNDING
 
@@ -121,3 +133,57 @@ def test_prefill_and_decode_attention_match_reference(dtype, kv, sinks, heads, k
         p_rounding = CUDA_OUTPUT_ROUNDING[dtype] * np.abs(vs).max()
         assert_rounded_close(o_all[cu[s]:cu[s + 1]], ref, dtype, f"sequence {s} (context {ctx}, {n} rows)",
                              extra=p_rounding)
+
+
+@pytest.mark.parametrize("kv,window,sinks", [(None, 0, False), (None, 21, False), ("int8", 0, False),
+                                             (None, 0, True)])
+def test_a_row_gets_the_same_bits_from_the_prefill_tile_and_the_decode_splits(kv, window, sinks):
+    """The last row of a sequence computed by the prefill kernel (with 9 rows before it in its
+    step, tiles of 4 tokens) and by the decode kernel (its step's only row) in 1 and in 3
+    splits: bit-identical, over 1 to 4 key blocks of 16 (contexts 5, 16, 17, 50, 64) and a
+    window of 21 that starts inside a block. What lets a prompt's last token, a decode row
+    after a prefix-cache hit or a chunk boundary, match the same token inside a prefill."""
+    heads, kv_heads, head_dim, block_size, block_m = 8, 2, 16, 4, 16
+    contexts = [5, 16, 17, 50, 64]
+    rng = np.random.default_rng(7)
+    need = [-(-c // block_size) for c in contexts]
+    ids = rng.permutation(sum(need))
+    tables = np.full((len(contexts), max(need)), -1, np.int32)
+    for s, start in enumerate(np.cumsum([0] + need[:-1])):
+        tables[s, :need[s]] = ids[start:start + need[s]]
+    slots = len(ids) * block_size
+    dtype = "bfloat16"
+    values = [rng.normal(size=(slots, kv_heads, head_dim)) for _ in range(2)]
+    if kv is None:
+        (k_cache, v_cache), k_scales = (device_tensor(v, dtype) for v in values), torch.empty(0, dtype=torch.float32)
+        v_scales = k_scales
+    else:
+        (k_cache, k_scales, _), (v_cache, v_scales, _) = (quantized_cache(v, kv, block_size) for v in values)
+    sinks_t = torch.from_numpy((rng.normal(size=heads) * 2).astype(np.float32)) if sinks else \
+        torch.empty(0, dtype=torch.float32)
+    last_q = device_tensor(rng.normal(size=(len(contexts), heads * head_dim)), dtype)
+    common = dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim, Q_STRIDE=heads * head_dim,
+                  KV_BLOCK_SIZE=block_size, BLOCK_TABLE_STRIDE=tables.shape[1], SLIDING_WINDOW=window, BLOCK_N=16,
+                  BLOCK_D=16, KV_CODES={None: 0, "int8": 1}[kv])
+    i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+    scale = head_dim ** -0.5
+
+    # prefill: each sequence's last min(ctx, 10) rows, the last one being last_q
+    rows = [min(c, 10) for c in contexts]
+    cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+    q = device_tensor(rng.normal(size=(int(cu[-1]), heads * head_dim)), dtype)
+    q[cu[1:] - 1] = last_q
+    tile_tokens = block_m // (heads // kv_heads)
+    tiles = step_inputs.prefill_tiles(cu, tile_tokens)
+    prefilled = torch.zeros_like(q)
+    attention.attention_prefill_kernel[(len(tiles), kv_heads)](
+        q, prefilled, k_cache, v_cache, k_scales, v_scales, i32(tables), i32(cu), i32(contexts), i32(tiles), sinks_t,
+        scale, OUT_STRIDE=heads * head_dim, TILE_TOKENS=tile_tokens, BLOCK_M=block_m, HAS_SINKS=sinks, **common)
+    want = host(prefilled)[cu[1:] - 1]
+
+    one_row = np.arange(len(contexts) + 1, dtype=np.int32)
+    for splits in (1, 3):
+        decoded = torch.zeros_like(last_q)
+        decode_attention(last_q, decoded, k_cache, v_cache, k_scales, v_scales, tables, one_row, contexts, sinks_t,
+                         scale, splits, block_m, common)
+        np.testing.assert_array_equal(host(decoded), want, err_msg=f"decode in {splits} splits vs the prefill tile")

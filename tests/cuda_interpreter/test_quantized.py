@@ -48,7 +48,8 @@ def _split_k_workspace(tiles: int, split: int, bm: int, bn: int):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,tile,split", [(3, (16, 32, 64), 1), (40, (32, 64, 64), 1), (3, (16, 32, 64), 3)])
+@pytest.mark.parametrize("m,tile,split", [(3, (16, 32, 64), 1), (40, (32, 64, 64), 1), (3, (16, 32, 64), 3),
+                                         (3, (16, 32, 32), 3)])  # parts of 2 K blocks
 def test_gemm_w8(dtype, m, tile, split):
     rng = np.random.default_rng(0)
     n, k = 72, 192
@@ -61,10 +62,24 @@ def test_gemm_w8(dtype, m, tile, split):
     partials, counters = _split_k_workspace(tiles, split, bm, bn)
     gemm_quant.gemm_w8_kernel[(tiles, split)](
         x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), y, partials, counters, m,
-        N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split)
+        N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split,
+        K_PARTS=split)
     ref = host(x) @ prim.dequantize_int8_per_channel(codes, scales).astype(np.float64).T + bias
     assert_rounded_close(host(y), ref, dtype, f"gemm_w8 split {split}")
     assert not counters.any()  # reset by each tile's last program, ready for the next linear
+
+    # the instantiation of a bigger bucket (64-row tiles, one program a tile looping over the
+    # same parts, lower.py) gives these rows the same bits: batch invariance (fp32 outputs, as
+    # the logits are, so that no rounding hides a difference)
+    outputs = []
+    for rows, programs in ((bm, split), (64, 1)):
+        out = torch.zeros(m, n, dtype=torch.float32)
+        gemm_quant.gemm_w8_kernel[(-(-m // rows) * -(-n // bn), programs)](
+            x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), out, partials, counters, m,
+            N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+            SPLIT_K=programs, K_PARTS=split)
+        outputs.append(out.numpy())
+    np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=f"one program over {split} parts vs {split} programs")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -87,10 +102,23 @@ def test_gemm_w4(dtype, zero_point, group, split):
     gemm_quant.gemm_w4_kernel[(tiles, split)](
         x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), y, partials, counters, m, N=n, K=k, GROUP=group,
         X_STRIDE=k + 8, Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k,
-        GROUP_M=8, SPLIT_K=split)
+        GROUP_M=8, SPLIT_K=split, K_PARTS=split)
     ref = host(x) @ prim.dequantize_int4(codes, scale, offset, group).astype(np.float64).T
     assert_rounded_close(host(y), ref, dtype, f"gemm_w4 split {split}")
     assert not counters.any()
+
+    # the instantiation of a bigger bucket (64-row tiles, one program a tile looping over the
+    # same parts, lower.py) gives these rows the same bits: batch invariance (fp32 outputs, as
+    # the logits are, so that no rounding hides a difference)
+    outputs = []
+    for bm, programs in ((16, split), (64, 1)):
+        out = torch.zeros(m, n, dtype=torch.float32)
+        gemm_quant.gemm_w4_kernel[(tiles, programs)](
+            x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), out, partials, counters, m, N=n, K=k,
+            GROUP=group, X_STRIDE=k + 8, Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=32,
+            BLOCK_K=block_k, GROUP_M=8, SPLIT_K=programs, K_PARTS=split)
+        outputs.append(out.numpy())
+    np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=f"one program over {split} parts vs {split} programs")
 
 
 def test_embedding_w8_reads_the_int8_table():

@@ -7,7 +7,8 @@ model as constexprs; what differs from the cpu plan:
 - rope writes the rotated K and V of every row into the paged cache (the cpu target does
   that inside attention), so attention reads K and V from the cache only;
 - attention is a flash prefill launch over the step's prefill tiles plus a split-K decode
-  launch and its reduction over the decode rows;
+  launch and its reduction over the decode rows, which merge the same 64-key blocks in the
+  same order (kernels/attention.py);
 - linear is a RowSwitch: one GEMM instantiation per bucket of M (tile configs below);
 - the plan ends with the device sampler (sample launches).
 """
@@ -30,9 +31,12 @@ TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "int32
                 "float8_e4m3": "fp8e4nv"}
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # GEMM tile configs by bucket of M (rows of the step), sm_90: (max rows, BLOCK_M, BLOCK_N,
-# BLOCK_K, num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on
-# the tiles are wgmma-sized (64 / 128 rows a warpgroup).
-GEMM_CONFIGS = ((16, 16, 64, 128, 4, 4), (64, 64, 64, 64, 4, 4), (None, 128, 128, 64, 8, 3))
+# num_warps, num_stages). Decode rows get 16-row tiles (mma.sync); from 17 rows on the tiles
+# are wgmma-sized (64 / 128 rows a warpgroup). Every bucket takes K in blocks of the same
+# GEMM_BLOCK_K (or the format's cap): a row's sums over K must not depend on how many rows
+# share its step.
+GEMM_CONFIGS = ((16, 16, 64, 4, 4), (64, 64, 64, 4, 4), (None, 128, 128, 8, 3))
+GEMM_BLOCK_K = 64
 # split-K for the weight-only GEMMs' decode tiles: enough programs for two per SM of an
 # H100/H200 (132 SMs), so that every SM streams weights while few output tiles exist
 SPLIT_K_PROGRAMS = 264
@@ -251,10 +255,13 @@ def _linear_kernel(lw: _Lowering, n, w) -> tuple[str, str, list, dict, tuple[int
     return kernel.family, kernel.function, weights, dict(kernel.constexprs), kernel.max_block
 
 
-def split_k(max_rows: int | None, tiles: int, k: int, block_k: int) -> int:
-    """Parts of K for one GEMM instantiation: 1 outside the decode bucket; else the largest
-    divisor of K's block count that keeps tiles x parts within SPLIT_K_PROGRAMS."""
-    if max_rows is None or max_rows > SPLIT_K_MAX_ROWS or k % block_k:
+def split_k(tiles: int, k: int, block_k: int) -> int:
+    """Parts of K of one linear, from its shape alone: the largest divisor of K's block count
+    that keeps the decode bucket's tiles x parts within SPLIT_K_PROGRAMS. Every bucket sums K
+    in these parts, in order: the decode bucket one program a part (the partials summed in
+    split order), the others one program looping over the parts, so that a row's result is
+    the same in every bucket."""
+    if k % block_k:
         return 1
     blocks, want = k // block_k, max(1, SPLIT_K_PROGRAMS // tiles)
     return max(s for s in range(1, min(want, blocks) + 1) if blocks % s == 0)
@@ -271,10 +278,14 @@ def _lower_linear(lw: _Lowering, n) -> list:
               ("bias_ptr", "*fp32", lw.weight(bias, "float32") if bias else {"null": True}, bias is not None),
               lw.value_param("y_ptr", y)]
     cases = []
-    for max_rows, bm, bn, bk, warps, stages in GEMM_CONFIGS:
-        bn, bk = min(bn, max_bn), min(bk, max_bk)
+    bk = min(GEMM_BLOCK_K, max_bk)
+    decode_rows, decode_bm, decode_bn = GEMM_CONFIGS[0][:3]
+    k_parts = split_k(cdiv(decode_rows, decode_bm) * cdiv(big_n, min(decode_bn, max_bn)), big_k, bk) \
+        if family == "gemm_quant" else 1
+    for max_rows, bm, bn, warps, stages in GEMM_CONFIGS:
+        bn = min(bn, max_bn)
         tiles = cdiv(max_rows or 1, bm) * cdiv(big_n, bn)
-        parts = split_k(max_rows, tiles, big_k, bk) if family == "gemm_quant" else 1
+        parts = k_parts if max_rows is not None and max_rows <= SPLIT_K_MAX_ROWS else 1  # programs along K
         workspace = []
         if family == "gemm_quant":  # their kernels take the split-K workspace (unread with one part)
             lw.split_k["partials"] = max(lw.split_k["partials"], tiles * parts * bm * bn if parts > 1 else 0)
@@ -283,7 +294,7 @@ def _lower_linear(lw: _Lowering, n) -> list:
                           parts > 1),
                          ("counters_ptr", "*i32", {"workspace": "split_k_counters"} if parts > 1 else {"null": True},
                           parts > 1)]
-        split = dict(SPLIT_K=parts) if family == "gemm_quant" else {}
+        split = dict(SPLIT_K=parts, K_PARTS=k_parts) if family == "gemm_quant" else {}
         grid = ((count, bm, cdiv(big_n, bn)), parts, 1)
         cases.append((max_rows, lw.launch(n, family, function, grid, params + workspace + [
             ("M", "i32", {"count": count}, False)], dict(
@@ -328,7 +339,8 @@ def attention_shape(n, build: BuildConfig) -> dict:
     group = heads // kv_heads
     block_m = max(ATTN_BLOCK_M, pow2(group))
     splits = max(1, min(16, cdiv(build.max_seq_len, DECODE_MIN_KEYS_PER_SPLIT)))
-    return dict(group=group, block_m=block_m, tile_tokens=block_m // group, splits=splits)
+    return dict(group=group, block_m=block_m, tile_tokens=block_m // group, splits=splits,
+                key_blocks=cdiv(build.max_seq_len, ATTN_BLOCK_N))
 
 
 def _lower_attention(lw: _Lowering, n) -> list:
@@ -354,12 +366,15 @@ def _lower_attention(lw: _Lowering, n) -> list:
     partials = ("partials_ptr", "*fp32", {"workspace": "attn_partials"}, True)
     decode = lw.launch(n, "attention", "attention_decode_kernel", (("decode_seqs", 1, 1), kv_heads, shape["splits"]), [
         lw.value_param("q_ptr", q), *cache, ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), partials, scale],
-        dict(common, NUM_SPLITS=shape["splits"], BLOCK_G=max(16, pow2(shape["group"]))), num_stages=3)
+        dict(common, NUM_SPLITS=shape["splits"], MAX_KEY_BLOCKS=shape["key_blocks"], BLOCK_G=shape["block_m"]),
+        num_stages=3)
     reduce = lw.launch(n, "attention", "attention_decode_reduce_kernel", (("decode_seqs", 1, 1), heads, 1), [
         partials, ("cu_seqlens_ptr", "*i32", {"step": "cu_seqlens"}, True),
+        ("context_lens_ptr", "*i32", {"step": "context_lens"}, True),
         ("decode_seqs_ptr", "*i32", {"step": "decode_seqs"}, True), lw.value_param("out_ptr", out), sinks_param],
         dict(NUM_HEADS=heads, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, OUT_STRIDE=lw.stride(out),
-             NUM_SPLITS=shape["splits"], BLOCK_SPLITS=pow2(shape["splits"]), BLOCK_D=pow2(d), HAS_SINKS=sinks))
+             SLIDING_WINDOW=common["SLIDING_WINDOW"], MAX_KEY_BLOCKS=shape["key_blocks"], BLOCK_N=ATTN_BLOCK_N,
+             BLOCK_D=pow2(d), HAS_SINKS=sinks))
     return [prefill, decode, reduce]
 
 
@@ -533,7 +548,7 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
     shapes = {tuple(sorted(attention_shape(n, build).items())) for n in attentions}
     if len(shapes) > 1:
         raise GraphError("attention layers differ in their head grouping; the cuda plan has one tile size")
-    shape = attention_shape(attentions[0], build) if attentions else dict(tile_tokens=1, splits=1, group=1)
+    shape = attention_shape(attentions[0], build) if attentions else dict(tile_tokens=1, key_blocks=1, group=1)
     # the rope launch writes the KV cache; an attention without one (a NoPE layer) gets a plain write
     rope_users = {c.name for n in graph.nodes if n.op == "rope" for c in consumers[n.outputs[0]]}
     if lw.rows(graph.output) != "selected" or lw.view[graph.output].col != 0:
@@ -547,8 +562,10 @@ def lower_cuda(graph: Graph, build: BuildConfig, model_kv: dict) -> tuple[CudaPl
         elif n.op != "split":  # split outputs are column views: no launch
             forward += LOWERINGS[n.op](lw, n)
     kv_heads, d = model_kv["num_kv_heads"], model_kv["head_dim"]
+    # every key block's partial of every decode row, fp32: about G / 64 of the bf16 keys and
+    # values of the same positions in one layer's cache, reused by every layer
     workspace = ({"name": "attn_partials", "dtype": "float32",
-                  "elems": build.max_batch_size * kv_heads * shape["splits"] * shape["group"] * (d + 2)},)
+                  "elems": build.max_batch_size * kv_heads * shape["key_blocks"] * shape["group"] * (d + 2)},)
     workspace += tuple({"name": name, "dtype": dtype, "elems": elems} for name, (dtype, elems) in lw.moe.items())
     if lw.split_k["counters"]:
         workspace += ({"name": "split_k_partials", "dtype": "float32", "elems": lw.split_k["partials"]},

@@ -29,7 +29,7 @@ Plan JSON::
 Device memory the launcher allocates (its own offsets; every base 256-byte aligned):
 - buffers: each [T_max, width] of dtype, row-major (row stride = width elements), whatever
   its rows kind ("selected" buffers hold the L <= T rows of logits_indices);
-- workspace: scratch arrays, elems elements each (attn_partials: split-K decode partials);
+- workspace: scratch arrays, elems elements each (attn_partials: the decode rows' key-block partials);
 - step_inputs: the per-step arrays of step_inputs.py, capacity elems each (int32 or
   float32); "sampled_tokens" is the one the sample launches write (read back: L tokens);
 - the KV cache: per layer two arrays (K, V) [num_blocks, BS, num_kv_heads, head_dim] of

@@ -15,6 +15,14 @@ heads: in prefill the G heads of TILE_TOKENS tokens are the rows of one tile
 Scores and the softmax are fp32 (exp2 with the log2(e) folded into the scale); the
 probabilities are rounded to the activation dtype for the P.V tensor-core product, as
 flash-attention does; the output accumulates in fp32.
+
+Batch invariance: a row's result does not depend on which kernel computes it (a prompt's
+last token is a decode row after a prefix-cache hit or a chunk boundary, a prefill tile row
+otherwise), on the other rows of its tile, or on the number of decode splits. Both kernels
+cut the keys into blocks of BLOCK_N starting at absolute multiples of BLOCK_N, compute each
+block's softmax alone (_block_partial, on tiles of the same shape) and merge the blocks in key
+order with the same arithmetic (_merge): the prefill tile as it goes, the decode reduction
+after the splits stored every block's partial. Blocks a row does not see merge as exact no-ops.
 """
 
 import triton
@@ -65,6 +73,70 @@ def _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, act_dtype: tl.constex
 
 
 @triton.jit
+def _visible(keys, q_pos, key_ok, SLIDING_WINDOW: tl.constexpr):
+    """(rows, keys) mask: key_ok, causal, and inside the window when there is one."""
+    valid = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
+    if SLIDING_WINDOW > 0:
+        valid = valid & (keys[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+    return valid
+
+
+@triton.jit
+def _first_block_start(lo, BLOCK_N: tl.constexpr):
+    """The first key block of a range starting at key `lo`: key blocks start at multiples of
+    BLOCK_N whatever rows a tile holds, so a row meets the same blocks in every kernel."""
+    return (lo // BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _block_partial(q, q_pos, start, block_tables_ptr, seq, kv_head, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                   v_scales_ptr, hi, qk_scale, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   KV_BLOCK_SIZE: tl.constexpr, BLOCK_TABLE_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
+    """The softmax of the key block [start, start + BLOCK_N) alone (keys < hi): (its row max
+    m_b (log2 units, -inf for a row that sees none of its keys), sum l_b of exp2(s - m_b), the
+    unnormalized p @ v acc_b (rows, BLOCK_D)), fp32. Both kernels compute a block this way."""
+    keys = start + tl.arange(0, BLOCK_N)
+    key_ok = keys < hi
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    kv, kv_scale = _kv_rows(block_tables_ptr, seq, keys, key_ok, kv_head, NUM_KV_HEADS, HEAD_DIM, KV_BLOCK_SIZE,
+                            BLOCK_TABLE_STRIDE, KV_CODES)
+    k = tl.load(k_cache_ptr + kv[None, :] + d[:, None], mask=key_ok[None, :] & d_ok[:, None], other=0.0)
+    s = _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES) * qk_scale  # (rows, BLOCK_N), log2 units
+    s = tl.where(_visible(keys, q_pos, key_ok, SLIDING_WINDOW), s, float("-inf"))
+    m_b = tl.max(s, axis=1)
+    p = tl.exp2(s - tl.where(m_b == float("-inf"), 0.0, m_b)[:, None])
+    l_b = tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    return m_b, l_b, _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
+
+
+@triton.jit
+def _merge(m_i, l_i, m_b, l_b):
+    """The running softmax (m_i, l_i) followed by one more key block's (m_b, l_b), each
+    rescaled to their common max: (max, sum, the running acc's weight alpha, the block acc_b's
+    weight beta); the caller forms acc * alpha + acc_b * beta. The prefill tile merges its blocks in key order with
+    this, and so does the decode reduction with the decode splits' blocks: the same blocks
+    merged in the same order give the same bits. A block a row does not see (m_b = -inf) is an
+    exact no-op, so which extra blocks a tile spans does not matter. m, l: (rows,) or scalars."""
+    m_new = tl.maximum(m_i, m_b)
+    base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: both weights 0
+    alpha = tl.exp2(m_i - base)
+    beta = tl.exp2(m_b - base)
+    return m_new, l_i * alpha + l_b * beta, alpha, beta
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, sink_logit, HAS_SINKS: tl.constexpr):
+    """acc / l (rows with no key: 0); with sinks (gpt-oss) the softmax also counts
+    exp(sink), a logit with no value (sink_logit in log2 units)."""
+    if HAS_SINKS:
+        l_i += tl.exp2(sink_logit - m_i)
+    return acc / tl.where(l_i > 0.0, l_i, 1.0)
+
+
+@triton.jit
 def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
                              cu_seqlens_ptr, context_lens_ptr, prefill_tiles_ptr, sinks_ptr, scale,
                              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -103,31 +175,27 @@ def attention_prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, k_scales_
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        keys = start + tl.arange(0, BLOCK_N)
-        key_ok = keys < hi
-        kv, kv_scale = _kv_rows(block_tables_ptr, seq, keys, key_ok, kv_head, NUM_KV_HEADS, HEAD_DIM, KV_BLOCK_SIZE,
-                                BLOCK_TABLE_STRIDE, KV_CODES)
-        k = tl.load(k_cache_ptr + kv[None, :] + d[:, None], mask=key_ok[None, :] & d_ok[:, None], other=0.0)
-        s = _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
-        valid = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
-        if SLIDING_WINDOW > 0:
-            valid = valid & (keys[None, :] > q_pos[:, None] - SLIDING_WINDOW)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp2(s - m_base[:, None])
-        alpha = tl.exp2(m_i - m_base)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
-        m_i = m_new
-    if HAS_SINKS:  # gpt-oss: each head's softmax also counts exp(sinks[h]), a logit with no value
+    for start in range(_first_block_start(lo, BLOCK_N), hi, BLOCK_N):
+        m_b, l_b, acc_b = _block_partial(q, q_pos, start, block_tables_ptr, seq, kv_head, k_cache_ptr, v_cache_ptr,
+                                         k_scales_ptr, v_scales_ptr, hi, qk_scale, NUM_KV_HEADS, HEAD_DIM,
+                                         KV_BLOCK_SIZE, BLOCK_TABLE_STRIDE, SLIDING_WINDOW, BLOCK_N, BLOCK_D, KV_CODES)
+        m_i, l_i, alpha, beta = _merge(m_i, l_i, m_b, l_b)
+        acc = acc * alpha[:, None] + acc_b * beta[:, None]
+    sink = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
         sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
-        l_i += tl.exp2(sink - m_i)
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out = _finish(acc, m_i[:, None], l_i[:, None], sink[:, None], HAS_SINKS)
     tl.store(out_ptr + rows[:, None] * OUT_STRIDE + head[:, None] * HEAD_DIM + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _decode_blocks(ctx, SLIDING_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(first, one past the last) key block index of a decode row at position ctx - 1."""
+    lo = 0
+    if SLIDING_WINDOW > 0:
+        lo = tl.maximum(ctx - SLIDING_WINDOW, 0)
+    return lo // BLOCK_N, tl.cdiv(ctx, BLOCK_N)
 
 
 @triton.jit
@@ -136,13 +204,15 @@ def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_sca
                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                             Q_STRIDE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
                             BLOCK_TABLE_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
-                            NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
+                            NUM_SPLITS: tl.constexpr, MAX_KEY_BLOCKS: tl.constexpr, BLOCK_G: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_CODES: tl.constexpr):
     """The one row of a decode sequence, the G heads of one KV head, over one of NUM_SPLITS
-    contiguous ranges of its keys. Writes unnormalized partials
-    partials[i, kv_head, split, g, :] = (acc[0:HEAD_DIM], running max m, sum l), fp32, for
-    attention_decode_reduce_kernel. decode_seqs: [D] int32.
-    Grid: (D, NUM_KV_HEADS, NUM_SPLITS)."""
+    contiguous runs of its BLOCK_N-key blocks (absolute multiples of BLOCK_N, as the prefill
+    tiles'). Writes each block's softmax alone, unmerged:
+    partials[i, kv_head, block, g, :] = (acc_b[0:HEAD_DIM], m_b, l_b), fp32, which
+    attention_decode_reduce_kernel merges in key order as the prefill kernel does. BLOCK_G:
+    the prefill tile's rows, so that both kernels' dots and row sums are the same shapes.
+    decode_seqs: [D] int32. Grid: (D, NUM_KV_HEADS, NUM_SPLITS)."""
     G: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -150,12 +220,9 @@ def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_sca
     seq = tl.load(decode_seqs_ptr + i)
     row = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     ctx = tl.load(context_lens_ptr + seq)  # the row is at position ctx - 1
-    lo = 0
-    if SLIDING_WINDOW > 0:
-        lo = tl.maximum(ctx - SLIDING_WINDOW, 0)
-    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = lo + split * per_split
-    end = tl.minimum(ctx, start + per_split)
+    first, stop = _decode_blocks(ctx, SLIDING_WINDOW, BLOCK_N)
+    per_split = tl.cdiv(stop - first, NUM_SPLITS)
+    mine = first + split * per_split
 
     g = tl.arange(0, BLOCK_G)
     g_ok = g < G
@@ -163,57 +230,48 @@ def attention_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_sca
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + row * Q_STRIDE + (kv_head * G + g)[:, None] * HEAD_DIM + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = tl.zeros([BLOCK_G], tl.int32) + (ctx - 1)
     qk_scale = scale * LOG2E
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for block_start in range(start, end, BLOCK_N):
-        keys = block_start + tl.arange(0, BLOCK_N)
-        key_ok = keys < end
-        kv, kv_scale = _kv_rows(block_tables_ptr, seq, keys, key_ok, kv_head, NUM_KV_HEADS, HEAD_DIM, KV_BLOCK_SIZE,
-                                BLOCK_TABLE_STRIDE, KV_CODES)
-        k = tl.load(k_cache_ptr + kv[None, :] + d[:, None], mask=key_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.where(key_ok[None, :], _scores(q, k, k_scales_ptr, kv_scale, key_ok, KV_CODES) * qk_scale,
-                     float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])  # every block has a key, so m_new is finite
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv[:, None] + d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _weighted_values(p, v, v_scales_ptr, kv_scale, key_ok, q.dtype, KV_CODES)
-        m_i = m_new
     PARTIAL: tl.constexpr = HEAD_DIM + 2
-    base = partials_ptr + (((i * NUM_KV_HEADS + kv_head) * NUM_SPLITS + split) * G + g).to(tl.int64) * PARTIAL
-    tl.store(base[:, None] + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(base + HEAD_DIM, m_i, mask=g_ok)
-    tl.store(base + HEAD_DIM + 1, l_i, mask=g_ok)
+    for block in range(mine, tl.minimum(mine + per_split, stop)):
+        m_b, l_b, acc_b = _block_partial(q, q_pos, block * BLOCK_N, block_tables_ptr, seq, kv_head, k_cache_ptr,
+                                         v_cache_ptr, k_scales_ptr, v_scales_ptr, ctx, qk_scale, NUM_KV_HEADS,
+                                         HEAD_DIM, KV_BLOCK_SIZE, BLOCK_TABLE_STRIDE, SLIDING_WINDOW, BLOCK_N,
+                                         BLOCK_D, KV_CODES)
+        base = partials_ptr + (((i * NUM_KV_HEADS + kv_head) * MAX_KEY_BLOCKS + block) * G + g).to(tl.int64) * PARTIAL
+        tl.store(base[:, None] + d[None, :], acc_b, mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(base + HEAD_DIM, m_b, mask=g_ok)
+        tl.store(base + HEAD_DIM + 1, l_b, mask=g_ok)
 
 
 @triton.jit
-def attention_decode_reduce_kernel(partials_ptr, cu_seqlens_ptr, decode_seqs_ptr, out_ptr, sinks_ptr,
-                                   NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                                   HEAD_DIM: tl.constexpr, OUT_STRIDE: tl.constexpr,
-                                   NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
-                                   BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """Combines the splits of one decode row and query head (log-sum-exp rescaling; an
-    empty split has m = -inf, l = 0). Grid: (D, NUM_HEADS)."""
+def attention_decode_reduce_kernel(partials_ptr, cu_seqlens_ptr, context_lens_ptr, decode_seqs_ptr, out_ptr,
+                                   sinks_ptr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                                   HEAD_DIM: tl.constexpr, OUT_STRIDE: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
+                                   MAX_KEY_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                   HAS_SINKS: tl.constexpr):
+    """Merges the key blocks of one decode row and query head in key order (_merge, as the
+    prefill tile does), then normalizes. Grid: (D, NUM_HEADS)."""
     G: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     PARTIAL: tl.constexpr = HEAD_DIM + 2
     i = tl.program_id(0)
     head = tl.program_id(1)
-    sp = tl.arange(0, BLOCK_SPLITS)
-    sp_ok = sp < NUM_SPLITS
-    base = partials_ptr + (((i * NUM_KV_HEADS + head // G) * NUM_SPLITS + sp) * G + head % G).to(tl.int64) * PARTIAL
-    m = tl.load(base + HEAD_DIM, mask=sp_ok, other=float("-inf"))
-    l = tl.load(base + HEAD_DIM + 1, mask=sp_ok, other=0.0)
-    m_all = tl.max(m, axis=0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all))
+    seq = tl.load(decode_seqs_ptr + i)
+    first, stop = _decode_blocks(tl.load(context_lens_ptr + seq), SLIDING_WINDOW, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    acc = tl.load(base[:, None] + d[None, :], mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
-    denominator = tl.sum(l * w, axis=0)
-    if HAS_SINKS:  # once, after the splits combine (m_all: the row's max, log2 units)
-        denominator += tl.exp2(tl.load(sinks_ptr + head) * LOG2E - m_all)
-    out = tl.sum(acc * w[:, None], axis=0) / denominator
-    row = tl.load(cu_seqlens_ptr + tl.load(decode_seqs_ptr + i)).to(tl.int64)
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for block in range(first, stop):
+        base = partials_ptr + (((i * NUM_KV_HEADS + head // G) * MAX_KEY_BLOCKS + block) * G + head % G).to(tl.int64) \
+            * PARTIAL
+        acc_b = tl.load(base + d, mask=d_ok, other=0.0)
+        m_i, l_i, alpha, beta = _merge(m_i, l_i, tl.load(base + HEAD_DIM), tl.load(base + HEAD_DIM + 1))
+        acc = acc * alpha + acc_b * beta
+    sink = 0.0
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * LOG2E
+    out = _finish(acc, m_i, l_i, sink, HAS_SINKS)
+    row = tl.load(cu_seqlens_ptr + seq).to(tl.int64)
     tl.store(out_ptr + row * OUT_STRIDE + head * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)

@@ -18,12 +18,15 @@ quantized expert GEMMs (kernels/moe_grouped.py). Tiles per bucket of M as the de
 (lowering: GEMM_CONFIGS), K blocks of at most 64.
 
 Split-K (decode): with a few rows there are too few output tiles to keep every SM streaming
-weights, so the K range is cut into SPLIT_K parts (grid axis 1), each program streams its
-part of the codes once and stores its fp32 partial tile; the last program of a tile to
-arrive (a counter per tile) sums the SPLIT_K partials in split order and writes y. The sum's
-order is fixed, so results do not depend on which program finishes first (CUDA-graph replays
-and eager steps stay bit-equal). The counters (int32, zero at load) are reset by that last
-program, ready for the next linear that uses them.
+weights, so the K range is cut into K_PARTS parts; with SPLIT_K = K_PARTS (grid axis 1) each
+program streams its part of the codes once and stores its fp32 partial tile; the last program
+of a tile to arrive (a counter per tile) sums the partials in part order and writes y. The
+sum's order is fixed, so results do not depend on which program finishes first (CUDA-graph
+replays and eager steps stay bit-equal). The counters (int32, zero at load) are reset by that
+last program, ready for the next linear that uses them. K_PARTS is a function of the linear's
+shape, not of the step's rows: the instantiations for more rows (SPLIT_K = 1) compute the same
+parts one after the other in one program and sum them in the same order, so a row's result
+does not depend on the bucket its step falls in.
 """
 
 import triton
@@ -78,11 +81,10 @@ def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offse
 
 
 @triton.jit
-def _split_range(K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """[k_start, k_stop) of this program's part of K (grid axis 1); SPLIT_K divides K."""
-    part: tl.constexpr = K // SPLIT_K
-    split = tl.program_id(1)
-    return split * part, split * part + part
+def _part_range(k_part, K: tl.constexpr, K_PARTS: tl.constexpr):
+    """[k_start, k_stop) of part `k_part` of K; K_PARTS divides K."""
+    size: tl.constexpr = K // K_PARTS
+    return k_part * size, k_part * size + size
 
 
 @triton.jit
@@ -112,25 +114,39 @@ def _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, counters_ptr, M,
-                   N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
-    """x: (M, K) activations; codes int8 [N, K]; scales fp32 [N]; y = (x @ codes^T) * scales
-    (+ bias); partials / counters: the split-K workspace (read when SPLIT_K > 1).
-    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
-    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+def _w8_part(x_rows, w_cols, m_ok, n_ok, k_part, K: tl.constexpr, K_PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x @ codes^T over part `k_part` of K (fp32, (BLOCK_M, BLOCK_N)), from zero."""
     rk = tl.arange(0, BLOCK_K)
-    m_ok, n_ok = rm < M, rn < N
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
-    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_start, k_stop = _split_range(K, SPLIT_K)
+    k_start, k_stop = _part_range(k_part, K, K_PARTS)
     for k0 in range(k_start, k_stop, BLOCK_K):
         k = k0 + rk
         a = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
         acc = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), acc)
-    acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    return acc
+
+
+@triton.jit
+def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, counters_ptr, M,
+                   N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_PARTS: tl.constexpr):
+    """x: (M, K) activations; codes int8 [N, K]; scales fp32 [N]; y = (x @ codes^T) * scales
+    (+ bias); partials / counters: the split-K workspace (read when SPLIT_K > 1); SPLIT_K is
+    K_PARTS or 1. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
+    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m_ok, n_ok = rm < M, rn < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
+    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
+    if SPLIT_K == K_PARTS:  # one part a program (the only one when K_PARTS == 1)
+        acc = _w8_part(x_rows, w_cols, m_ok, n_ok, tl.program_id(1), K, K_PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    else:  # every part here, summed in the order _split_k_done sums them
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for part in range(K_PARTS):
+            acc += _w8_part(x_rows, w_cols, m_ok, n_ok, part, K, K_PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
+        done = True
     if done:
         acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
         if HAS_BIAS:
@@ -144,30 +160,46 @@ def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, p
                    N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr, X_STRIDE: tl.constexpr,
                    Y_STRIDE: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   SPLIT_K: tl.constexpr):
+                   SPLIT_K: tl.constexpr, K_PARTS: tl.constexpr):
     """x: (M, K) activations; codes [N, K / 2] bytes; scales (offsets unless SYMMETRIC) bf16
-    [N, K / GROUP]; BLOCK_K divides GROUP; partials / counters: the split-K workspace.
-    Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
-    HALF: tl.constexpr = BLOCK_K // 2
-    GROUPS: tl.constexpr = K // GROUP
+    [N, K / GROUP]; BLOCK_K divides GROUP; partials / counters: the split-K workspace; SPLIT_K
+    is K_PARTS or 1. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
     rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    j = tl.arange(0, HALF)  # byte j of the block: k0 + 2j (low nibble) and k0 + 2j + 1 (high)
     m_ok, n_ok = rm < M, rn < N
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
     w_cols = codes_ptr + rn.to(tl.int64)[None, :] * (K // 2)
-    p_cols = rn.to(tl.int64) * GROUPS
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_start, k_stop = _split_range(K, SPLIT_K)
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        x_even, x_odd = int4_x_planes(x_rows, m_ok, k0, j, K)
-        acc = int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K, GROUP,
-                               SYMMETRIC)
-    acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    p_cols = rn.to(tl.int64) * (K // GROUP)
+    if SPLIT_K == K_PARTS:  # one part a program (the only one when K_PARTS == 1)
+        acc = _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, tl.program_id(1), K, GROUP,
+                       K_PARTS, SYMMETRIC, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
+    else:  # every part here, summed in the order _split_k_done sums them
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for part in range(K_PARTS):
+            acc += _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, part, K, GROUP, K_PARTS,
+                            SYMMETRIC, BLOCK_M, BLOCK_N, BLOCK_K)
+        done = True
     if done:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
         y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, k_part, K: tl.constexpr,
+             GROUP: tl.constexpr, K_PARTS: tl.constexpr, SYMMETRIC: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x @ W^T over part `k_part` of K (fp32, (BLOCK_M, BLOCK_N)), from zero."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    j = tl.arange(0, HALF)  # byte j of the block: k0 + 2j (low nibble) and k0 + 2j + 1 (high)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_start, k_stop = _part_range(k_part, K, K_PARTS)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        x_even, x_odd = int4_x_planes(x_rows, m_ok, k0, j, K)
+        acc = int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K, GROUP,
+                               SYMMETRIC)
+    return acc
 
 
 @triton.jit

@@ -1,0 +1,79 @@
+"""Batch invariance of the cuda target's kernels, run by the Triton interpreter (started with
+TRITON_INTERPRET=1 by tests/test_cuda_interpreter.py): a request's tokens and logprobs (generated
+and prompt) are bit-identical alone, in a batch of other requests (its decode rows next to their
+prefill chunks: the GEMMs' 64-row instantiations instead of the 16-row split-K ones), with its
+prefill in other chunks (other prefill tiles), with its last prompt tokens one a step (alone in
+their steps: through the decode attention kernel and its two splits instead of a prefill tile;
+a decode that merged its splits otherwise than the prefill tile merges its key blocks fails
+here), and after a prefix-cache hit.
+
+The engine: tiny Gemma 3 in w4a16 g32 (a sliding-window layer, window 6, and a full one; int4
+linears whose K of 64 and 128 the decode bucket cuts into 2 and 4 parts; the tied int8 lm_head;
+max_seq_len 512: two decode splits), a 69-token prompt: two 64-key attention blocks. The oracle
+is the same request alone on an engine without the prefix cache; the tolerance is zero: every
+GEMM instantiation of a linear sums K in the same blocks and parts (lower.py: GEMM_BLOCK_K,
+split_k), and both attention kernels merge the same absolute 64-key blocks in key order
+(kernels/attention.py). The kernel tests (test_kernels_attention.py, test_quantized.py) prove the
+same per kernel, where a difference cannot hide behind a bf16 rounding.
+"""
+
+import numpy as np
+
+from interp_support import torch  # noqa: F401  (skips without torch/triton; installs the interpreter fixes)
+
+from conftest import build_once, make_tiny_checkpoint
+from invariance import prompts, result, run_alone, run_mixed
+
+from bessemer.quantization.config import QuantConfig
+from bessemer.runtime.llm import LLM
+from bessemer.runtime.sampling_params import SamplingParams
+
+# 3 tokens: every step the interpreter runs costs about a second
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+
+
+def run_with_decode_rows(llm: LLM, target: list[int], first: int) -> tuple:
+    """`target` with its first `first` prompt tokens prefilled in chunks of 24 and 12 and the
+    rest one token a step (decode rows)."""
+    (mine,) = llm.add_request(target, GREEDY)
+    done = 0
+    for chunk in (24, 24, 12):
+        if done + chunk > first:
+            break
+        llm.llm_engine.set_limits(None, chunk)
+        llm.step()
+        done += chunk
+    llm.llm_engine.set_limits(None, 1)
+    while llm.has_unfinished():
+        llm.step()
+    llm.llm_engine.set_limits(None, llm.max_num_tokens)
+    return result(mine)
+
+
+def test_a_request_is_bit_identical_alone_batched_chunked_and_cached(run_dir):
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    # intermediate 128: every K (64, 128) a whole number of 32-wide groups
+    ckpt = build_once(run_dir, "hf-gemma3-i128", lambda out: make_tiny_checkpoint(
+        "gemma3", out, intermediate_size=128, max_position_embeddings=512))
+    config = BuildConfig(target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=512,
+                         quant=QuantConfig("w4a16", group_size=32))
+    engine = build_once(run_dir, "cuda-invariance-gemma3-w4a16",
+                        lambda out: build_engine(ckpt, out / "engine", config)) / "engine"
+    rng = np.random.default_rng(0)
+    fresh = LLM(engine, interpret=True, enable_prefix_caching=False)
+    target = prompts(rng, fresh.vocab_size, 1, 69, 70)[0]  # 17 KV blocks of 4 and one token
+    want = run_alone(fresh, target, GREEDY)
+    assert len(want[0]) == 3 and len(want[2]) == len(target)
+
+    got = run_mixed(fresh, target, prompts(rng, fresh.vocab_size, 3, 1, 20), rng, GREEDY)
+    assert got == want, "alone vs in a batch of 4"
+
+    fresh.llm_engine.set_limits(None, 16)
+    assert run_alone(fresh, target, GREEDY) == want, "prefill in chunks of 16 tokens"
+    assert run_with_decode_rows(fresh, target, 60) == want, "prompt tokens 61-69 one a step"
+
+    cached = LLM(engine, interpret=True, enable_prefix_caching=True)
+    assert run_alone(cached, target, GREEDY) == want, "prefix-cache miss"
+    assert run_alone(cached, target, GREEDY) == want, "prefix-cache hit: the last prompt token a decode row"

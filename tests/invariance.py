@@ -1,0 +1,45 @@
+"""What the batch-invariance tests share (tests/test_batch_invariance.py on the cpu target,
+tests/cuda_interpreter/test_batch_invariance_cuda.py on the cuda one): a greedy request with
+logprobs run alone, or joining random batches of other requests, and what of it must be
+bit-identical."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bessemer.runtime.llm import LLM
+from bessemer.runtime.sampling_params import SamplingParams
+
+MAX_TOKENS = 6
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+
+
+def result(seq) -> tuple:
+    """What must be bit-identical: generated ids, their logprobs, the prompt logprobs."""
+    return seq.output_token_ids, seq.logprobs, seq.prompt_logprobs
+
+
+def run_alone(llm: LLM, prompt: list[int], params: SamplingParams = GREEDY) -> tuple:
+    out = llm.generate([prompt], params)[0]
+    return out.outputs[0].token_ids, out.outputs[0].logprobs, out.prompt_logprobs
+
+
+def run_mixed(llm: LLM, target: list[int], others: list[list[int]], rng: np.random.Generator,
+              params: SamplingParams = GREEDY) -> tuple:
+    """`target` joins after a random number of steps of some of `others` (its prefill then
+    shares steps with their decodes), the rest join with it; all run to the end."""
+    split = int(rng.integers(0, len(others) + 1))
+    for ids in others[:split]:
+        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
+    for _ in range(int(rng.integers(0, 4))):
+        llm.step()
+    (mine,) = llm.add_request(target, params)
+    for ids in others[split:]:
+        llm.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(rng.integers(1, 8)), ignore_eos=True))
+    while llm.has_unfinished():
+        llm.step()
+    return result(mine)
+
+
+def prompts(rng: np.random.Generator, vocab: int, n: int, lo: int, hi: int) -> list[list[int]]:
+    return [[int(t) for t in rng.integers(3, vocab, int(rng.integers(lo, hi)))] for _ in range(n)]
