@@ -11,7 +11,7 @@ import click
 
 from bessemer.cli.common import fail
 
-QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "act_order", "fp8_rounding",
+QUANT_FLAGS = ("quant", "group_size", "zero_point", "exclude_modules", "lm_head", "embedding", "act_order", "fp8_rounding",
                "fp8_activations", "fp8_act_group", "fp8_smoothing_alpha", "bits_per_weight",
                "calib_data", "calib_samples", "calib_seq_len", "smoothquant_alpha", "calib_backend", "o_proj_smoothing")
 

@@ -10,10 +10,11 @@ from dataclasses import asdict, dataclass
 
 from bessemer.errors import InvalidOptionError
 
-QUANT_CONFIG_VERSION = 6  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
+QUANT_CONFIG_VERSION = 7  # 2: lm_head field (int8 lm_head / tied table by default); 3: fp8_rounding;
 # 4: int4 group scales and offsets are bf16 values, stored as bf16; 5: symmetric int4 stores
 # no offsets (w = scale * (code - 8), all 16 levels) and its scales are searched
-# (quantization/scale_search.py); 6: lm_head "int4", bits_per_weight and the precision plan
+# (quantization/scale_search.py); 6: lm_head "int4", bits_per_weight and the precision plan;
+# 7: embedding (an untied table quantized)
 # mode -> (weight bits, algorithm); names as TensorRT-LLM users know them
 MODES = {
     "w8a16": (8, "rtn"),
@@ -43,9 +44,15 @@ CALIB_BACKENDS = ("auto", "native", "modelopt")
 # context 1024, alpha 0.5): none 16.4069 vs kernel 16.4194 (fp32 16.2438): the attention
 # output has no strong outlier channels, so none, which also skips a multiply, is the default.
 O_PROJ_SMOOTHING = ("none", "kernel")
-# An untied embedding table is a gather of one row per token (nothing to speed up): it
-# stays in the build dtype unless the user removes it from the exclusions.
+# Exclusions name linears; an untied embedding table is a gather of one row per token (nothing
+# to speed up), stored as --embedding says (EMBEDDING_SCHEMES).
 DEFAULT_EXCLUDE = ("model.embed_tokens",)
+# An untied embedding table: "none" (build dtype, the default) or int8 per row / symmetric int4
+# groups of 32 (lm_head's int4), gathered and dequantized row by row (embedding_w8a16 /
+# embedding_w4a16), as llama.cpp stores token_embd in its quantized files. What it saves is
+# size, not speed: Llama-3-8B's untied table is 1 GiB of a 4.3 GiB w4a16 g32 engine in bf16,
+# 0.28 GiB in int4. A table tied to lm_head is one tensor and follows --lm-head.
+EMBEDDING_SCHEMES = ("none", "int8", "int4")
 # lm_head (the linear producing the logits) has its own scheme, whatever the mode: "int8"
 # (per output channel, the default) or "none" (build dtype). On small models it is most of
 # the bytes read per token (SmolLM2-135M: 49152 x 576, 113 MiB in fp32 = 66% of a w4a16
@@ -78,6 +85,7 @@ class QuantConfig:
     zero_point: bool = False  # int4 only: asymmetric codes
     exclude_modules: tuple[str, ...] = DEFAULT_EXCLUDE  # fnmatch patterns on HF module paths
     lm_head: str = "int8"  # LM_HEAD_SCHEMES; an exclusion matching "lm_head" wins
+    embedding: str = "none"  # EMBEDDING_SCHEMES: an untied embedding table
     # GPTQ: quantize columns by decreasing Hessian diagonal. None: on for w4a16-gptq (held-out
     # ppl, SmolLM2 g64: 23.4 with vs 27.3 without, RTN 25.1), off for fp8 (no gain measured)
     act_order: bool | None = None
@@ -161,6 +169,8 @@ class QuantConfig:
                                      f"got {self.o_proj_smoothing!r}")
         if self.lm_head not in LM_HEAD_SCHEMES:
             raise InvalidOptionError(f"--lm-head must be one of {', '.join(LM_HEAD_SCHEMES)}, got {self.lm_head!r}")
+        if self.embedding not in EMBEDDING_SCHEMES:
+            raise InvalidOptionError(f"--embedding must be one of {', '.join(EMBEDDING_SCHEMES)}, got {self.embedding!r}")
         if self.bits_per_weight is not None or self.precision:
             if self.mode not in ("w4a16", "w4a16-gptq"):
                 raise InvalidOptionError(f"--bits-per-weight applies to --quant w4a16 and w4a16-gptq, not {self.mode}")

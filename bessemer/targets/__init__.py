@@ -169,6 +169,10 @@ class Target(ABC):
                     raise InvalidOptionError(f"--target {self.name} has no embedding kernel for the {table.key} table "
                                              f"that {why} gives a tied lm_head; use --lm-head int8 or none without "
                                              "--bits-per-weight, or --target cpu")
+            untied = {"int4": Int4Group, "int8": Int8PerChannel}.get(q.embedding)
+            if untied is not None and ("embedding", untied) not in self.QUANT_KERNELS:
+                raise InvalidOptionError(f"--target {self.name} has no embedding kernel for {untied.key} tables; "
+                                         "use --embedding int8 or none, or --target cpu")
 
     @abstractmethod
     def lower(self, graph, build, kv_cache: dict) -> LoweredRank:

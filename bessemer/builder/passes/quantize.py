@@ -15,7 +15,8 @@ format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape
 expert kernel refuses, such as cuda's 4-bit groups that are not a multiple of 32) they stay float32.
 expert_notes() says which, for the build log.
 
-lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
+An untied embedding table follows QuantConfig.embedding (none by default; a tied one is
+lm_head's). lm_head (the linear whose output is the graph's logits) follows QuantConfig.lm_head, not
 the mode's scheme (see quantization/config.py). A precision plan (QuantConfig.precision,
 chosen by measurement: quantization/mixed_precision.py) names the scheme of each linear it
 lists, lm_head included; linears it does not list follow the mode. A table the embedding gathers from (tied
@@ -73,6 +74,12 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
         if w.name in gathered:
             table_quant[w.name] = quant
         nodes.append(replace(n, weights=(replace(w, quant=quant),) + n.weights[1:]))
+    for n in (n for n in graph.nodes if n.op == "embedding" and q.embedding != "none"):
+        table = n.weights[0]
+        if table.name in table_quant or table.name in {w.name for m in graph.nodes if m.op == "linear" for w in m.weights}:
+            raise InvalidOptionError(f"--embedding {q.embedding} applies to an untied embedding table; this "
+                                     "model ties its table to lm_head, which --lm-head stores: drop --embedding")
+        table_quant[table.name] = scheme_format(q.embedding, table.shape[1])
     nodes = [replace(n, weights=tuple(replace(w, quant=table_quant[w.name]) for w in n.weights))
              if n.op == "embedding" and n.weights[0].name in table_quant else n for n in nodes]
     return replace(graph, nodes=tuple(nodes), values={})
