@@ -252,8 +252,9 @@ void attend_tile(const AttnParams& P, const StepContext& ctx, int s, int kvh, in
 // (load_kv_row's conversion), a score as one FMA chain over d of (q * scale) . k, the same
 // block partial (max, exps, sum and P.V as chains over the keys in order) and the same merge
 // (attention_merge.h). Only the vectorisation differs: keys in the lanes of a score (the
-// block's K converted and transposed in scratch), output dims in the lanes of P.V, the G
-// heads reusing the block's K/V from L1.
+// block's K converted and transposed: in registers by the AVX-512 loops for fp32 and bf16
+// caches, else in scratch), output dims in the lanes of P.V, the G heads reusing the block's
+// K/V from L1.
 
 // 8 rows of 8 floats transposed in registers (data movement only: exact).
 inline void transpose8(__m256 r[8]) {
@@ -456,13 +457,23 @@ void row_block(const AttnParams& P, const int32_t* bt, int kvh, int32_t j0, int 
             ++page;
         }
     }
-    if (!P.dec512)  // the AVX-512 P.V converts V in registers
+    if (P.dec512) {  // the AVX-512 P.V converts V in registers (K and V rows share element offsets)
+        for (int i = 0; i < nk; ++i) {
+            R.voff[i] = R.srow[i] * D;
+            R.vmul[i] = kv::coded<KV>() ? P.Vs[R.srow[i]] * kv::value_mul<KV>() : 1.0f;  // load_kv_row's scale
+        }
+    } else {
         for (int i = 0; i < nk; ++i) load_kv_row<KV>(P.Vc, P.Vs, R.srow[i], R.Vf + i * D, D);
-    load_keys_transposed<KV>(P, R.srow, nk, R.Kt);
-    if (P.dec512)
-        attn_row_scores_avx512(R.Qs, G, D, R.Kt, nk, R.Sg);
-    else
-        row_scores_avx2(R.Qs, G, D, R.Kt, nk, R.Sg);
+    }
+    if (P.dec512 && !kv::coded<KV>()) {  // keys transposed in registers, no copy in scratch
+        attn_row_scores_cache_avx512(KV, R.Qs, G, D, P.Kc, R.voff, nk, R.Sg);
+    } else {
+        load_keys_transposed<KV>(P, R.srow, nk, R.Kt);
+        if (P.dec512)
+            attn_row_scores_avx512(R.Qs, G, D, R.Kt, nk, R.Sg);
+        else
+            row_scores_avx2(R.Qs, G, D, R.Kt, nk, R.Sg);
+    }
     const int ng = (nk + 7) / 8;
     for (int g = 0; g < G; ++g) {
         float* sg = R.Sg + g * kKB;
@@ -476,13 +487,9 @@ void row_block(const AttnParams& P, const int32_t* bt, int kvh, int32_t j0, int 
             _mm256_storeu_ps(sg + kg * 8, exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + kg * 8), vm)));
         part[g * (kPartialHead + D)] = mb;
     }
-    if (P.dec512) {
-        for (int i = 0; i < nk; ++i) {
-            R.voff[i] = R.srow[i] * D;
-            R.vmul[i] = kv::coded<KV>() ? P.Vs[R.srow[i]] * kv::value_mul<KV>() : 1.0f;  // load_kv_row's scale
-        }
+    if (P.dec512)
         attn_row_pv_avx512(KV, R.Sg, G, D, P.Vc, R.voff, R.vmul, nk, R.Og, R.lg);
-    } else
+    else
         row_pv_avx2(R.Sg, G, D, R.Vf, nk, R.Og, R.lg);
     for (int g = 0; g < G; ++g) {
         float* pg = part + g * (kPartialHead + D);

@@ -18,6 +18,10 @@ constexpr int kPartialHead = 2;  // floats before the values
 // Scores: sg[g * kKB + i] = sum over d (one FMA chain, d in order) of qs[g * D + d] * kt[d * kKB + i]
 // for the heads g < G and the keys i < 16 * ceil(nk / 16) (kt: the block's keys transposed).
 void attn_row_scores_avx512(const float* qs, int G, int D, const float* kt, int nk, float* sg);
+// The same scores read straight from an fp32 (kind 0) or bf16 (kind 1) cache kc, key i's
+// elements at element offset koff[i] (the same bits: the block is transposed in registers).
+void attn_row_scores_cache_avx512(int kind, const float* qs, int G, int D, const void* kc, const int64_t* koff,
+                                  int nk, float* sg);
 // P.V: og[g * D + d] = sum over keys i < nk in order (one FMA chain from 0) of
 // sg[g * kKB + i] * V_i[d], and lg[g] = the keys' sum of sg[g * kKB + i] in order; V_i: the
 // cache vc's (kind: kv_codec.h's 0 fp32, 1 bf16, 2 int8, 3 E4M3) elements from offset voff[i],

@@ -1,8 +1,10 @@
 // attention@1, AVX-512 inner loops of the decode-row path (attention.cpp's row_block): the
 // scores of a block's keys (16 keys per register) and its P.V (16 output dims per register,
 // V converted from the cache in registers: kv_codec.h's kinds) for the G query heads of one
-// KV head, up to 3 heads at a time so that each K/V element loaded serves all of them. The sums run in the same order as the AVX2 loops (one FMA
-// chain per score over d, one per output over the keys), so both give the same bits.
+// KV head, up to 3 heads at a time so that each K/V element loaded serves all of them; with
+// an fp32 or bf16 cache the scores read the keys from the cache, transposed in registers.
+// The sums run in the same order as the AVX2 loops (one FMA chain per score over d, one per
+// output over the keys), so both give the same bits.
 // Compiled for AVX-512 by the pragma below and only called when the CPU has it; like
 // linear_avx512.cpp it includes no C++ standard library header (an inline library function
 // instantiated here could be picked by the linker for callers elsewhere).
@@ -36,6 +38,97 @@ inline __m512 load16(const void* base, int64_t off) {
         return _mm512_cvtph_ps(h);
     } else {
         return _mm512_loadu_ps(static_cast<const float*>(base) + off);
+    }
+}
+
+// Scores straight from an fp32 or bf16 cache (no transposed copy of the block: half the L1
+// footprint, no stores): 16 bytes of 16 key rows at a time are transposed in registers and
+// feed the FMAs at once. Register a[r]'s 128-bit lane l takes key 4l + r's bytes (a masked
+// broadcast from memory: a load, no shuffle), then one in-lane 4x4 transpose of 32-bit words
+// leaves in b[w] the 16 keys' word w of those bytes, in key order. A bf16 word holds elements
+// 2w and 2w + 1, whose fp32 values are its low half shifted up and its high half masked
+// (kv_codec.h's conversion, exact). Each score is still one FMA chain over d in order.
+// Keys past nk repeat key nk - 1 (their scores are not used).
+template <int KV, int GC, int NG>
+void scores_from_cache(const float* qs, int D, const void* kc, const int64_t* koff, int nk, float* sg) {
+    constexpr int kElemBytes = KV == 1 ? 2 : 4;
+    constexpr int kPieceElems = 16 / kElemBytes;  // elements per 16 bytes of a row
+    const char* row[16 * NG];
+    for (int u = 0; u < 16 * NG; ++u)
+        row[u] = static_cast<const char*>(kc) + koff[u < nk ? u : nk - 1] * kElemBytes;
+    __m512 acc[GC][NG];
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g)
+#pragma GCC unroll 4
+        for (int k = 0; k < NG; ++k) acc[g][k] = _mm512_setzero_ps();
+    const __m512i high_half = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+    for (int e0 = 0; e0 < D; e0 += kPieceElems) {
+        const int64_t byte0 = int64_t(e0) * kElemBytes;
+#pragma GCC unroll 4
+        for (int k = 0; k < NG; ++k) {
+            const char* const* rk = row + 16 * k;
+            __m512i a[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; ++r) {
+                a[r] = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rk[r] + byte0)));
+#pragma GCC unroll 3
+                for (int l = 1; l < 4; ++l)
+                    a[r] = _mm512_mask_broadcast_i32x4(
+                        a[r], __mmask16(0xF << (4 * l)),
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rk[4 * l + r] + byte0)));
+            }
+            const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+            const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+            const __m512i b[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                                  _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+#pragma GCC unroll 4
+            for (int w = 0; w < 4; ++w) {
+                if (KV == 1) {
+                    const int d = e0 + 2 * w;
+                    const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(b[w], 16));
+                    const __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(b[w], high_half));
+#pragma GCC unroll 3
+                    for (int g = 0; g < GC; ++g)
+                        acc[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * D + d]), x0, acc[g][k]);
+#pragma GCC unroll 3
+                    for (int g = 0; g < GC; ++g)
+                        acc[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * D + d + 1]), x1, acc[g][k]);
+                } else {
+                    const int d = e0 + w;
+                    const __m512 x = _mm512_castsi512_ps(b[w]);
+#pragma GCC unroll 3
+                    for (int g = 0; g < GC; ++g)
+                        acc[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g * D + d]), x, acc[g][k]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int g = 0; g < GC; ++g)
+#pragma GCC unroll 4
+        for (int k = 0; k < NG; ++k) _mm512_storeu_ps(sg + g * kKB + 16 * k, acc[g][k]);
+}
+
+template <int KV, int GC>
+void scores_from_cache_groups(const float* qs, int D, const void* kc, const int64_t* koff, int nk, float* sg) {
+    switch ((nk + 15) / 16) {
+        case 4: scores_from_cache<KV, GC, 4>(qs, D, kc, koff, nk, sg); break;
+        case 3: scores_from_cache<KV, GC, 3>(qs, D, kc, koff, nk, sg); break;
+        case 2: scores_from_cache<KV, GC, 2>(qs, D, kc, koff, nk, sg); break;
+        default: scores_from_cache<KV, GC, 1>(qs, D, kc, koff, nk, sg); break;
+    }
+}
+
+template <int KV>
+void scores_from_cache_heads(const float* qs, int G, int D, const void* kc, const int64_t* koff, int nk, float* sg) {
+    for (int g0 = 0; g0 < G; g0 += 3) {
+        const float* q = qs + g0 * D;
+        float* s = sg + g0 * kKB;
+        switch (G - g0 >= 3 ? 3 : G - g0) {
+            case 3: scores_from_cache_groups<KV, 3>(q, D, kc, koff, nk, s); break;
+            case 2: scores_from_cache_groups<KV, 2>(q, D, kc, koff, nk, s); break;
+            default: scores_from_cache_groups<KV, 1>(q, D, kc, koff, nk, s); break;
+        }
     }
 }
 
@@ -159,6 +252,14 @@ void attn_row_scores_avx512(const float* qs, int G, int D, const float* kt, int 
             default: scores_groups<1>(q, D, kt, ng, s); break;
         }
     }
+}
+
+void attn_row_scores_cache_avx512(int kind, const float* qs, int G, int D, const void* kc, const int64_t* koff,
+                                  int nk, float* sg) {
+    if (kind == 1)
+        scores_from_cache_heads<1>(qs, G, D, kc, koff, nk, sg);
+    else
+        scores_from_cache_heads<0>(qs, G, D, kc, koff, nk, sg);
 }
 
 void attn_row_pv_avx512(int kind, const float* sg, int G, int D, const void* vc, const int64_t* voff,
