@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -245,6 +246,27 @@ def smollm2_engine(smollm2_dir, run_dir):
             smollm2_dir, out / "engine", BuildConfig(dtype=dtype, max_seq_len=2048))) / "engine"
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32_perplexity(smollm2_engine, run_dir) -> tuple[list[list[int]], float]:
+    """(windows, perplexity) of the fp32 SmolLM2 engine on the short CI protocol: the first
+    2048 tokens of WikiText-2 valid (its first 20000 characters) in windows of 512. The
+    baseline of the perplexity tests of test_smollm2 (vs HF), test_quant_smollm2 and
+    test_w8a8_sq (vs quantized engines): scored once per run, by the first xdist worker to
+    ask, and read back by the others (the score is a deterministic function of the engine)."""
+    from bessemer.runtime.evaluate import perplexity, windows
+    from bessemer.runtime.llm import LLM
+
+    def score(out: Path) -> None:
+        llm = LLM(smollm2_engine("float32"), num_threads=2)
+        wins = windows(llm.tokenizer.encode(WIKITEXT.read_text(encoding="utf-8")[:20000],
+                                            add_special_tokens=False), 512, 2048)
+        result = {"windows": wins, "perplexity": perplexity(llm.score, wins).perplexity}
+        (out / "fp32.json").write_text(json.dumps(result))
+
+    result = json.loads((build_once(run_dir, "smollm2-fp32-perplexity-2048", score) / "fp32.json").read_text())
+    return result["windows"], result["perplexity"]
 
 
 @pytest.fixture(scope="session")

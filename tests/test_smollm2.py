@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from bessemer.runtime.evaluate import perplexity, windows
+from bessemer.runtime.evaluate import perplexity
 from bessemer.runtime.llm import LLM, SamplingParams
-from conftest import WIKITEXT, _hf_model
+from conftest import _hf_model
 from tolerances import BF16_PPL_REL, FP32_PPL_REL_VS_HF
 
 PROMPTS = [
@@ -54,12 +54,10 @@ def test_chat_generation_answers(fp32_llm):
 
 
 @pytest.mark.slow
-def test_perplexity_fp32_matches_hf_and_bf16_within_1_percent(smollm2_dir, smollm2_engine, fp32_llm):
+def test_perplexity_fp32_matches_hf_and_bf16_within_1_percent(smollm2_dir, smollm2_engine, smollm2_fp32_perplexity):
     import torch
 
-    text = WIKITEXT.read_text()[:20000]
-    wins = windows(fp32_llm.tokenizer.encode(text, add_special_tokens=False), 512, 2048)
-    ppl32 = perplexity(fp32_llm.score, wins).perplexity
+    wins, ppl32 = smollm2_fp32_perplexity  # the fp32 engine's, shared with the quantization tests
     ppl16 = perplexity(LLM(smollm2_engine("bfloat16"), num_threads=2).score, wins).perplexity
     # HF's own loss (labels=...) is the oracle here, not our window_nll
     model = _hf_model(str(smollm2_dir), "float32")

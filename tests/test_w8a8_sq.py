@@ -22,7 +22,7 @@ from bessemer.quantization.calibration import CalibrationSpec, collect
 from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.modelopt_calib import modelopt_available
 from bessemer.quantization.smoothquant import smooth_factors, weight_in_amax
-from bessemer.runtime.evaluate import perplexity, windows
+from bessemer.runtime.evaluate import perplexity
 
 needs_modelopt = pytest.mark.skipif(not modelopt_available(), reason="nvidia-modelopt not installed (extra 'quant')")
 
@@ -138,16 +138,16 @@ def test_modelopt_backend_builds_and_is_recorded(tiny_sq, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_smollm2_w8a8_sq_perplexity_within_3_percent(smollm2_dir, smollm2_engine, tmp_path, calibration_text):
-    """Protocol of `bessemer eval`, lean for CI: 2048 tokens of WikiText-2, windows of 512;
-    calibrated on the held-out second half of the file."""
+def test_smollm2_w8a8_sq_perplexity_within_3_percent(smollm2_dir, smollm2_fp32_perplexity, tmp_path,
+                                                     calibration_text):
+    """Protocol of `bessemer eval`, lean for CI: 2048 tokens of WikiText-2, windows of 512
+    (with the fp32 engine's score on them: conftest.smollm2_fp32_perplexity); calibrated on
+    the held-out second half of the file."""
     quant = QuantConfig("w8a8-sq", calib_data=str(calibration_text), calib_samples=16, calib_seq_len=256,
                         calib_backend="native")
     engine = build_engine(smollm2_dir, tmp_path / "sq", BuildConfig(quant=quant))
-    llm = LLM(engine, num_threads=2)
-    wins = windows(llm.tokenizer.encode(WIKITEXT.read_text(encoding="utf-8")[:40_000], add_special_tokens=False), 512, 2048)
-    ppl_sq = perplexity(llm.score, wins).perplexity
-    ppl32 = perplexity(LLM(smollm2_engine("float32"), num_threads=2).score, wins).perplexity
+    wins, ppl32 = smollm2_fp32_perplexity
+    ppl_sq = perplexity(LLM(engine, num_threads=2).score, wins).perplexity
     print(f"wikitext ppl (2048 tokens, ctx 512): fp32 {ppl32:.4f}, w8a8-sq {ppl_sq:.4f} ({ppl_sq / ppl32 - 1:+.2%})")
     assert ppl_sq / ppl32 - 1 <= W8A8_SQ_PPL_REL, (ppl_sq, ppl32)
 
