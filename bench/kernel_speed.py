@@ -4,7 +4,8 @@ quantized linears (linear_w8a16@1, linear_w4a16@1 as "int4", linear_w4a16@2 (bf1
 "int4@2p" with panel16_int4 codes and fp32 scales/offsets, linear_w4a16@3 as "int4@3" (symmetric:
 panel16_int4_k8 codes and bf16 scales, no offsets, as the builder stores them),
 linear_w8a8@1 as "w8a8", linear_w4a8@1 as "w4a8" (int4@3's weights, int8 activations per row
-and group)) against linear@1 with fp32 weights.
+and group), linear_w4k@1 as "w4k" (two-level 4-bit, --quant w4k: uint8 sub-block scale and
+minimum per 32 columns under fp16 ones per super-block)) against linear@1 with fp32 weights.
 
 GEMV (M=1): GB/s of weights streamed (the weights of consecutive calls are distinct, so
 they come from DRAM, not from cache), next to the copy bandwidth of numpy. For the
@@ -37,7 +38,8 @@ from bessemer.targets.cpu.kernel_table import QUANT_KERNELS  # noqa: E402
 from bessemer.format.container import TensorEntry, rewrite_header, write_rank_file  # noqa: E402
 from bessemer.format.step import StepBatch  # noqa: E402
 from bessemer.format.layouts import encode, pack_int4_codes, pack_panel16, pack_vnni16, packed_nbytes  # noqa: E402
-from bessemer.quantization.formats import Int4Group  # noqa: E402
+from bessemer.quantization.formats import Int4Group, Int4SuperBlock, WeightCalibration  # noqa: E402
+from bessemer.quantization.superblock import super_block_size  # noqa: E402
 from bessemer.quantization.primitives import (  # noqa: E402
     int4_group_params,
     quantize_int4,
@@ -100,6 +102,14 @@ def weight_entries(name, w, dtype):
         return [TensorEntry(name, "int8", "vnni16", (N, K), lambda: pack_vnni16(q)),
                 TensorEntry(name + ".s", "float32", "row_major", (N,), lambda: sc),
                 TensorEntry(name + ".ws", "int32", "row_major", (N,), lambda: ws)], [name, name + ".s", name + ".ws"]
+    if dtype == "w4k":  # two-level: the format's own parts in the layouts the cpu lowering picks
+        fmt = Int4SuperBlock(super_block_size(K))
+        q = fmt.quantize(w, WeightCalibration())
+        layouts = QUANT_KERNELS[("linear", Int4SuperBlock)](fmt, (N, K)).layouts
+        parts = fmt.parts((N, K))
+        return [TensorEntry(name + p.suffix, p.dtype, layouts[p.role], p.shape,
+                            lambda p=p: fmt.pack(p.role, q[p.role], layouts[p.role])) for p in parts], \
+            [name + p.suffix for p in parts]
     if dtype in ("int4@3", "w4a8"):  # symmetric: codes and scales only (w4a8: the same parts)
         sc = int4_symmetric_scales(w, group)
         codes = symmetric_codes(w, sc, group)
@@ -120,6 +130,10 @@ def weight_entries(name, w, dtype):
 
 def weight_nbytes(N, K, dtype):
     dtype, group = split_kind(dtype)
+    if dtype == "w4k":
+        fmt = Int4SuperBlock(super_block_size(K))
+        layouts = QUANT_KERNELS[("linear", Int4SuperBlock)](fmt, (N, K)).layouts
+        return sum(packed_nbytes(p.shape, p.dtype, layouts[p.role]) for p in fmt.parts((N, K)))
     if dtype.startswith("int4"):
         layout, pdt = int4_form(K, dtype)
         params = 1 if dtype == "int4@3" else 2  # scales (and offsets)
@@ -139,10 +153,13 @@ def make_engine(dirpath: Path, M, N, K, dtype, R, rng):
     table = rng.standard_normal((64, K)).astype(np.float32)
     weights = [(rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32) for _ in range(min(R, 2))]
     op = {"int8": "linear_w8a16", "int4": "linear_w4a16", "int4@2": "linear_w4a16", "int4@2p": "linear_w4a16",
-          "int4@3": "linear_w4a16", "w8a8": "linear_w8a8", "w4a8": "linear_w4a8"}.get(split_kind(dtype)[0], "linear")
+          "int4@3": "linear_w4a16", "w8a8": "linear_w8a8", "w4a8": "linear_w4a8", "w4k": "linear_w4k"}.get(
+        split_kind(dtype)[0], "linear")
     base, group = split_kind(dtype)
     version = 3 if base == "int4@3" else 2 if base.startswith("int4@2") else 1
     attrs = {"group_size": group} if base.startswith("int4") or base == "w4a8" else {}
+    if base == "w4k":
+        attrs = {"super_block": super_block_size(K)}
     steps = [{"op": "embedding", "version": 1, "ins": [], "outs": [[0, 0, K]], "weights": ["emb"], "attrs": {}}]
     entries = [TensorEntry("emb", "float32", "row_major", table.shape, lambda: encode(table, "float32", "row_major"))]
     for r in range(R):

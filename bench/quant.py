@@ -98,6 +98,12 @@ MODES = {  # name -> (dtype, quant config or None)
     "w4a16-gptq-mp4.85": ("float32", dict(mode="w4a16-gptq", group_size=32, bits_per_weight=4.85)),
     "w4a16-gptq-mp4.75": ("float32", dict(mode="w4a16-gptq", group_size=32, bits_per_weight=4.75)),
     "w4a16-mp4.85": ("float32", dict(mode="w4a16", group_size=32, bits_per_weight=4.85)),
+    # two-level 4-bit (k-quant class: 8-bit scale and minimum per 32 under fp16 ones per
+    # super-block of up to 256; quantization/superblock.py), lm_head int8 or int4
+    "w4k": ("float32", dict(mode="w4k")),
+    "w4k-gptq": ("float32", dict(mode="w4k-gptq")),
+    "w4k-gptq-lm4": ("float32", dict(mode="w4k-gptq", lm_head="int4")),
+    "w4k-gptq-mp4.85": ("float32", dict(mode="w4k-gptq", bits_per_weight=4.85)),
 }
 
 

@@ -24,7 +24,7 @@ from conftest import make_tiny_checkpoint
 from test_families import _with_word_tokenizer
 from tolerances import FAKE_QUANT_LOGITS_ATOL, W4_BF16_FAKE_QUANT_LOGITS_RTOL
 
-PARTS = ("scales", "offsets", "wsum", "smooth", "input_scale")
+PARTS = ("scales", "offsets", "super_scales", "super_offsets", "wsum", "smooth", "input_scale")
 
 
 def _units(n: int, shape=(64, 64)) -> list[Unit]:
@@ -33,7 +33,7 @@ def _units(n: int, shape=(64, 64)) -> list[Unit]:
 
 def _errors(units, scale: dict) -> dict:
     """Errors that fall with bits as quantization errors do, times a per-unit sensitivity."""
-    base = {"int4-g64": 1.0, "int4-g32": 0.8, "int4-g32-asym": 0.6, "int8": 0.01}
+    base = {"int4-g64": 1.0, "int4-g32": 0.8, "int4-g32-asym": 0.6, "int4-k": 0.5, "int8": 0.01}
     return {u.name: {"energy": 1.0, **{s: scale[u.name] * base[s] for s in PRECISION_SCHEMES}} for u in units}
 
 
@@ -81,7 +81,7 @@ def test_budget_below_the_cheapest_plan_is_refused():
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(mode="w8a16", bits_per_weight=4.8, calib_data="c.txt"), "applies to --quant w4a16 and w4a16-gptq"),
+    (dict(mode="w8a16", bits_per_weight=4.8, calib_data="c.txt"), "applies to --quant w4a16, w4a16-gptq, w4k and w4k-gptq"),
     (dict(mode="w4a16", bits_per_weight=4.8), "pass --calib-data FILE"),
     (dict(mode="w4a16", bits_per_weight=3.0, calib_data="c.txt"), "must be between 4.25"),
     (dict(mode="w4a16", bits_per_weight=4.8, lm_head="none", calib_data="c.txt"), "drop --lm-head none"),

@@ -47,7 +47,7 @@ def plan_precision(graph: Graph, build: BuildConfig, ckpt, calibration, say) -> 
         return np.concatenate([ckpt.get(p, sl) for p, sl in zip(u.parts, slices)]).astype(np.float32)
 
     errors = measure(units, weight, hessians, say)
-    plan, report = allocate(units, errors, build.quant.bits_per_weight, lm_head, build.quant)
+    plan, report = allocate(units, errors, build.quant.bits_per_weight, lm_head, build.quant, build.tp_size)
     say(f"mixed precision: {report['planned_bpw']:.3f} bits per weight planned (budget {build.quant.bits_per_weight}); "
         + ", ".join(f"{s}: {len(v)}" for s, v in report["schemes"].items()))
     return replace(build, quant=replace(build.quant, precision=plan)), report

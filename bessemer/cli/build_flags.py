@@ -31,7 +31,7 @@ SHARED = {
         help="KV cache storage; int8/fp8 (E4M3): one-byte codes with a dynamic scale per (token, KV head). "
              "[default: --dtype]"),
     "quant": click.option(
-        "--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w4a8 | w8a8-sq | fp8. [default: none]"),
+        "--quant", help="Quantization: w8a16 | w4a16 | w4a16-awq | w4a16-gptq | w4k | w4k-gptq | w4a8 | w8a8-sq | fp8. [default: none]"),
     "group_size": click.option("--group-size", type=int, help="Group size of 4-bit modes: 32 | 64 | 128. [default: 128]"),
 }
 

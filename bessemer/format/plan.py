@@ -71,6 +71,14 @@ Kernels (attrs are numbers; weights are names in the rank file's tensor table):
                    w[n, k] = scales[n, k/G] * (codes[n, k] - 8), so y = sum over groups g of
                    scales[:, g] * (x_g @ codes_g.T - 8 * sum(x_g)) (+ bias). What the builder
                    emits for symmetric int4 (4 + 16/G bits per weight)
+    linear_w4k@1   ins [x]; outs [y]; weights [codes (int4 panel16_int4_k8 [N, K]), scales,
+                   offsets (uint8 panel16 [N, K/32]: sub-block scale and minimum codes),
+                   super_scales, super_offsets (float16 panel16 [N, K/B]), bias?]; attrs
+                   super_block (B, a multiple of 32 dividing K, <= 4096); per sub-block j of
+                   32 columns in super-block b: s_j = float(d[n, b]) * sc[n, j], o_j =
+                   -(float(dmin[n, b]) * m[n, j]) (fp32 products), w[n, k] = s_j * codes[n, k]
+                   + o_j; x rounded to bf16 first and y as linear_w4a16@2 with group 32
+                   (quantization/superblock.py; what the builder emits for --quant w4k)
     linear_w4a8@1  ins [x]; outs [y]; weights [codes (int4 panel16_int4_k8 [N, K]), scales
                    (bf16 or f32 panel16 [N, K/G]), bias?]; attrs group_size (G, a multiple
                    of 8 dividing K); w[n, k] = scales[n, k/G] * (codes[n, k] - 8) (@3's

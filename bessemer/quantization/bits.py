@@ -3,7 +3,8 @@ compared by their price (codes plus scales, offsets and every other stored part)
 
 A weight matrix is a tensor of two or more dimensions (MoE experts are stacks of matrices)
 of the rank file named `<...>.weight`; its stored parts are
-the tensors named `<that name>.<part>` (scales, offsets, wsum, smooth, input_scale).
+the tensors named `<that name>.<part>` (scales, offsets, super_scales, super_offsets, wsum,
+smooth, input_scale).
 bits per weight = 8 * (bytes of the matrix + bytes of its parts) / (rows * columns), summed
 over ranks (a tensor-parallel shard counts its own rows and columns). Buckets:
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-PART_SUFFIXES = ("scales", "offsets", "wsum", "smooth", "input_scale")
+PART_SUFFIXES = ("scales", "offsets", "super_scales", "super_offsets", "wsum", "smooth", "input_scale")
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
 

@@ -30,7 +30,13 @@ MODES = {
     # E4M3 weights (per-channel scales) and E4M3 activations with a static per-tensor
     # scale per linear input, from the calibrated max |x| ("max" calibration)
     "fp8": (8, "max"),
+    # two-level 4-bit (k-quant class, as llama.cpp's Q4_K): an 8-bit scale and minimum per
+    # 32 columns under an fp16 scale and minimum per super-block of up to 256 (4.625-4.67
+    # bits per weight; quantization/superblock.py); codes by round to nearest or GPTQ
+    "w4k": (4, "rtn"),
+    "w4k-gptq": (4, "gptq"),
 }
+TWO_LEVEL_MODES = ("w4k", "w4k-gptq")
 CALIBRATED = ("awq", "gptq", "smoothquant", "max")
 # weight storage dtype of each mode's codes (format/dtypes.py names)
 WEIGHT_DTYPES = {"fp8": "float8_e4m3"}
@@ -64,7 +70,8 @@ EMBEDDING_SCHEMES = ("none", "int8", "int4")
 # model, whose tied table is a fifth of its weights (see quantization/mixed_precision.py).
 LM_HEAD_SCHEMES = ("int8", "int4", "none")
 # Stored schemes a precision plan may give a linear (quantization/mixed_precision.py), by name.
-PRECISION_SCHEMES = ("int4-g64", "int4-g32", "int4-g32-asym", "int8")
+# int4-k: the two-level format of --quant w4k (only for K a multiple of 32).
+PRECISION_SCHEMES = ("int4-g64", "int4-g32", "int4-g32-asym", "int4-k", "int8")
 GROUP_SIZES = (32, 64, 128)
 # How fp8 picks each weight's E4M3 code on its per-channel grid: "nearest" (round to nearest)
 # or "gptq" (GPTQ error compensation against the calibration Hessians, same grid, layout and
@@ -119,6 +126,9 @@ class QuantConfig:
             raise InvalidOptionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size}")
         if self.bits == 8 and self.zero_point:
             raise InvalidOptionError(f"--zero-point applies to 4-bit modes only; {self.mode} is symmetric per channel")
+        if self.two_level and self.zero_point:
+            raise InvalidOptionError(f"--zero-point does not apply to --quant {self.mode} (its sub-blocks always "
+                                     "store a minimum); drop --zero-point")
         if self.mode == "w4a8" and self.zero_point:
             raise InvalidOptionError("--zero-point does not apply to --quant w4a8 (its int8 kernel reads symmetric "
                                      "codes); drop --zero-point or use --quant w4a16")
@@ -135,7 +145,7 @@ class QuantConfig:
             what = " (static activation scales or GPTQ rounding)" if self.mode == "fp8" else ""
             raise InvalidOptionError(f"--quant {self.mode}{what} needs calibration text: pass --calib-data FILE")
         if self.act_order is None:
-            object.__setattr__(self, "act_order", self.mode == "w4a16-gptq")
+            object.__setattr__(self, "act_order", self.mode in ("w4a16-gptq", "w4k-gptq"))
         if self.fp8_rounding not in FP8_ROUNDINGS:
             raise InvalidOptionError(f"--fp8-rounding must be one of {', '.join(FP8_ROUNDINGS)}, "
                                      f"got {self.fp8_rounding!r}")
@@ -154,7 +164,7 @@ class QuantConfig:
         if self.fp8_rounding != "nearest" and self.mode != "fp8":
             raise InvalidOptionError("--fp8-rounding applies to --quant fp8 only")
         if self.act_order and not self.uses_gptq:
-            raise InvalidOptionError("--act-order applies to w4a16-gptq and fp8 with --fp8-rounding gptq only")
+            raise InvalidOptionError("--act-order applies to w4a16-gptq, w4k-gptq and fp8 with --fp8-rounding gptq only")
         if self.algorithm != "smoothquant":
             if self.smoothquant_alpha != 0.5 or self.calib_backend != "auto" or self.o_proj_smoothing != "none":
                 raise InvalidOptionError("--smoothquant-alpha, --calib-backend and --smoothquant-o-proj apply "
@@ -172,8 +182,9 @@ class QuantConfig:
         if self.embedding not in EMBEDDING_SCHEMES:
             raise InvalidOptionError(f"--embedding must be one of {', '.join(EMBEDDING_SCHEMES)}, got {self.embedding!r}")
         if self.bits_per_weight is not None or self.precision:
-            if self.mode not in ("w4a16", "w4a16-gptq"):
-                raise InvalidOptionError(f"--bits-per-weight applies to --quant w4a16 and w4a16-gptq, not {self.mode}")
+            if self.mode not in ("w4a16", "w4a16-gptq", *TWO_LEVEL_MODES):
+                raise InvalidOptionError(f"--bits-per-weight applies to --quant w4a16, w4a16-gptq, w4k and w4k-gptq, "
+                                         f"not {self.mode}")
             if self.bits_per_weight is not None and not 4.25 <= self.bits_per_weight <= 8.0:
                 raise InvalidOptionError(f"--bits-per-weight must be between 4.25 (every matrix in 4 bits, groups "
                                          f"of 64) and 8.0, got {self.bits_per_weight}")
@@ -196,6 +207,11 @@ class QuantConfig:
     @property
     def algorithm(self) -> str:
         return MODES[self.mode][1]
+
+    @property
+    def two_level(self) -> bool:
+        """Stored as Int4SuperBlock (scales per sub-block under a super-block's)."""
+        return self.mode in TWO_LEVEL_MODES
 
     @property
     def uses_gptq(self) -> bool:
@@ -243,7 +259,12 @@ class QuantConfig:
             d.update(activation_dtype="float8_e4m3", activation_granularity="per_token",
                      activation_scales="dynamic: max|x| / 448 of each token, in the kernel",
                      weight_scale="amax / 448 per output channel", e4m3="OCP E4M3FN, saturating")
-        if self.bits == 4:
+        if self.two_level:
+            d.pop("group_size")
+            d.update(granularity="two_level", scale_dtype="uint8 under float16",
+                     group_params="per 32 columns uint8 sc, m; per super-block (<= 256) fp16 d, dmin: "
+                                  "w = d * sc * code - dmin * m")
+        elif self.bits == 4:
             d["group_params"] = ("scale, offset per group: w = scale * code + offset" if self.zero_point else
                                  "scale per group (searched, no offset stored): w = scale * (code - 8)")
         if self.bits == 8:

@@ -17,6 +17,8 @@ scales (RTN, AWQ, GPTQ, SmoothQuant) live beside this module; a format never nam
     Int8PerChannel  int8 codes + fp32 scale per output channel (w8a16; the int8 lm_head,
                     and the embedding table it shares when tied)
     Int4Group       4-bit codes + bf16 scale (and, asymmetric, offset) per group of K (w4a16*)
+    Int4SuperBlock  4-bit codes, an 8-bit scale and minimum per 32 of K under an fp16 scale
+                    and minimum per super-block of up to 256 (w4k; quantization/superblock.py)
     Int4GroupA8     Int4Group's symmetric codes and scales for the int4 x int8 kernel: the
                     activations are quantized to int8 per row and group inside it (w4a8)
     W8A8            int8 codes + scales + per-channel code sums (+ SmoothQuant 1/s) for the
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bessemer.errors import InvalidOptionError
 from bessemer.format import layouts
 from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 from bessemer.quantization import primitives as prim
@@ -215,6 +218,81 @@ class Int4Group(StoredFormat):
 
     def stats(self, w, q):
         return dict(super().stats(w, q), group_size=self.group_size)
+
+
+@dataclass(frozen=True)
+class Int4SuperBlock(StoredFormat):
+    """Two-level 4-bit codes (quantization/superblock.py): per sub-block of 32 columns a
+    uint8 scale code and minimum code, per super-block of `super_block` columns an fp16
+    super-scale and super-minimum; w = d * sc * code - dmin * m (4 + 16/32 + 32/super_block
+    bits per weight)."""
+
+    super_block: int
+    key = "int4_superblock"
+    bits = 4
+    gptq_codes = True
+
+    def parts(self, shape):
+        from bessemer.quantization.superblock import SUB
+
+        n, k = shape
+        sub, sup = (n, k // SUB), (n, k // self.super_block)
+        return (Part("codes", "", tuple(shape), "int4"), Part("scales", ".scales", sub, "uint8"),
+                Part("offsets", ".offsets", sub, "uint8"), Part("super_scales", ".super_scales", sup, "float16"),
+                Part("super_offsets", ".super_offsets", sup, "float16"))
+
+    def quantize(self, rows, calib):
+        from bessemer.quantization import superblock as sb
+
+        if rows.shape[1] % self.super_block:
+            raise ValueError(f"int4_superblock: {rows.shape[1]} columns are not whole super-blocks of {self.super_block}")
+        importance = None if calib.hessian is None else np.diag(calib.hessian).astype(np.float32)
+        grid = sb.superblock_grid(rows, self.super_block, importance)
+        if calib.hessian is not None:
+            from bessemer.quantization.gptq import gptq_superblock
+
+            codes = gptq_superblock(rows, calib.hessian, grid, calib.act_order)
+        else:
+            codes = sb.quantize_codes(rows, grid)
+        return dict(grid, codes=codes)
+
+    def dequantize(self, q):
+        from bessemer.quantization.superblock import dequantize
+
+        return dequantize(q)
+
+    def full_rows_for_k_shard(self, calib):
+        return calib.hessian is not None  # round to nearest: super-blocks are independent
+
+    def slice_columns(self, q, c0, c1):
+        from bessemer.quantization.superblock import SUB
+
+        b = self.super_block
+        assert c0 % b == 0 and c1 % b == 0, "the shard pass only cuts K on super-block boundaries"
+        step = {"codes": 1, "scales": SUB, "offsets": SUB, "super_scales": b, "super_offsets": b}
+        return {role: v[:, c0 // step[role]:c1 // step[role]] for role, v in q.items()}
+
+    def column_split_error(self, k, cuts, rank):
+        b = self.super_block
+        c0, c1 = cuts[rank]
+        if c0 % b == 0 and c1 % b == 0:
+            return None
+        return (f"cuts its {k} input features at column {c0 if c0 % b else c1}, inside a super-block of {b} "
+                f"(--quant w4k); use --quant w4a16 --group-size 32")
+
+    def pack(self, role, values, layout):
+        if role == "codes":
+            return layouts.pack_int4_codes(values, layout)
+        if role in ("scales", "offsets"):
+            return layouts.pack(np.asarray(values, np.uint8), layout)
+        p = np.asarray(values, dtype=np.float32)
+        half = p.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32), p):
+            raise ValueError("int4_superblock super-parameters must be fp16 values (superblock.code_under_super rounds them)")
+        return layouts.pack(half, layout)
+
+    def stats(self, w, q):
+        return dict(super().stats(w, q), super_block=self.super_block, sub_block=32)
 
 
 @dataclass(frozen=True)
@@ -444,6 +522,13 @@ def scheme_format(scheme: str, in_features: int) -> StoredFormat:
     lm_head's "int4"/"int8" for a weight of `in_features` columns."""
     if scheme == "int8":
         return Int8PerChannel()
+    if scheme == "int4-k":
+        from bessemer.quantization.superblock import super_block_size
+
+        block = super_block_size(in_features)
+        if block is None:
+            raise ValueError(f"scheme int4-k needs input features that are a multiple of 32, got {in_features}")
+        return Int4SuperBlock(block)
     group = 64 if scheme == "int4-g64" else 32
     return Int4Group(prim.effective_group_size(in_features, group), scheme == "int4-g32-asym")
 
@@ -457,6 +542,14 @@ def weight_format(quant, in_features: int, smooth: bool = False) -> StoredFormat
         return Fp8E4M3(dynamic=quant.fp8_activations == "dynamic", act_group=quant.fp8_act_group or 0)
     if quant.bits == 8:
         return Int8PerChannel()
+    if quant.two_level:
+        from bessemer.quantization.superblock import super_block_size
+
+        block = super_block_size(in_features)
+        if block is None:
+            raise InvalidOptionError(f"--quant {quant.mode} needs input features that are a multiple of 32, got "
+                                     f"{in_features}; use --quant w4a16")
+        return Int4SuperBlock(block)
     group = prim.effective_group_size(in_features, quant.group_size)
     if quant.act_bits == 8:
         return Int4GroupA8(group)

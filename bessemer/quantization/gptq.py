@@ -77,6 +77,25 @@ def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
     return prim.quantize_int4(Q, scale, offset, group), scale, offset
 
 
+def gptq_superblock(w: np.ndarray, hessian: np.ndarray, grid: dict[str, np.ndarray],
+                    act_order: bool = False) -> np.ndarray:
+    """Codes (N, K) uint8 on a two-level grid (superblock.superblock_grid, searched with the
+    Hessian diagonal as importance), chosen by GPTQ: the fp32 scale and offset of each
+    sub-block are fixed by the grid, so this is gptq_int4 on those (N, K // 32) values."""
+    from bessemer.quantization import superblock as sb
+
+    scale, offset = sb.expand(grid["super_scales"], grid["scales"], grid["super_offsets"], grid["offsets"])
+    sc, off = np.ascontiguousarray(scale.T), np.ascontiguousarray(offset.T)  # (K // 32, N)
+    safe = np.where(sc > 0, sc, np.float32(1.0))
+
+    def round_column(col, j):  # np.rint: halves to even, as torch.round
+        s, o = sc[j // sb.SUB], off[j // sb.SUB]
+        return np.clip(np.rint((col - o) / safe[j // sb.SUB]), 0, prim.INT4_LEVELS - 1) * s + o
+
+    Q = gptq(w, hessian, round_column, act_order)
+    return sb.quantize_codes(Q, grid)
+
+
 def gptq_fp8(w: np.ndarray, hessian: np.ndarray, act_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """E4M3 codes (N, K) uint8 and the per-channel scales (N,) of round to nearest
     (amax / 448 of each original row), the codes chosen by GPTQ."""

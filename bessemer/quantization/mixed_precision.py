@@ -70,8 +70,22 @@ def scheme_bits(scheme: str, shape: tuple[int, int]) -> int:
     return sum(math.prod(rows(p)) * DTYPE_BITS[p.dtype] for p in scheme_format(scheme, shape[1]).parts(shape))
 
 
+def schemes_for(shape: tuple[int, int], tp_size: int = 1) -> tuple[str, ...]:
+    """The schemes an (N, K) weight may be stored in: int4-k only where K is whole sub-blocks
+    and an even K cut over tp_size ranks falls on its super-blocks (asked of every linear:
+    the units do not say which are row-split, so a column-split one may lose int4-k at --tp)."""
+    from bessemer.quantization.superblock import super_block_size
+
+    k = shape[1]
+    block = super_block_size(k)
+    fits = block is not None and k % tp_size == 0 and (k // tp_size) % block == 0
+    return tuple(s for s in PRECISION_SCHEMES if s != "int4-k" or fits)
+
+
 def default_scheme(quant: QuantConfig) -> str:
     """The scheme the mode alone would store a linear in (the lm_head rule's yardstick)."""
+    if quant.two_level:
+        return "int4-k"
     if quant.group_size == 64 and not quant.zero_point:
         return "int4-g64"
     return "int4-g32-asym" if quant.zero_point else "int4-g32"
@@ -87,7 +101,7 @@ def measure(units: list[Unit], weight: Callable[[Unit], np.ndarray], hessians: d
         h, rows = hessians[u.key]
         hn = np.asarray(h, np.float64) / rows
         r = {"energy": _quadratic(w, hn)}
-        for scheme in PRECISION_SCHEMES:
+        for scheme in schemes_for(u.shape):
             fmt = scheme_format(scheme, u.shape[1])
             q = fmt.quantize(w, WeightCalibration())
             r[scheme] = _quadratic(fmt.dequantize(q) - w, hn)
@@ -104,29 +118,29 @@ def _quadratic(d: np.ndarray, h: np.ndarray) -> float:
 
 
 def allocate(units: list[Unit], errors: dict[str, dict], budget: float, lm_head: tuple[str, tuple[int, int]] | None,
-             quant: QuantConfig) -> tuple[tuple[tuple[str, str], ...], dict]:
+             quant: QuantConfig, tp_size: int = 1) -> tuple[tuple[tuple[str, str], ...], dict]:
     """The plan ((node name, scheme) pairs, lm_head's included) with all matrices at most
     `budget` bits per weight, and the report of what went where.
     lm_head: (node name, (N, K)) of the logits' linear, or None when it is not quantized."""
     # the weights bits.py divides by: (N, K) of each matrix, unpadded
     weights = sum(math.prod(u.shape) for u in units) + (math.prod(lm_head[1]) if lm_head else 0)
     limit = budget * weights
-    price = {u.name: {s: scheme_bits(s, u.shape) for s in PRECISION_SCHEMES} for u in units}
+    price = {u.name: {s: scheme_bits(s, u.shape) for s in schemes_for(u.shape, tp_size)} for u in units}
     plan: dict[str, str] = {}
     used = 0
     if lm_head is not None:
         name, shape = lm_head
         base = default_scheme(quant)
-        body = sum(price[u.name][base] for u in units)
+        body = sum(price[u.name].get(base, price[u.name]["int4-g32"]) for u in units)
         plan[name] = "int8" if body + scheme_bits("int8", shape) <= limit else "int4-g32"
         used += scheme_bits(plan[name], shape)
-    cheapest = {u.name: min(PRECISION_SCHEMES, key=lambda s: price[u.name][s]) for u in units}
+    cheapest = {u.name: min(price[u.name], key=lambda s: price[u.name][s]) for u in units}
     used += sum(price[u.name][cheapest[u.name]] for u in units)
     if used > limit:
         least = used / weights
         raise InvalidOptionError(f"--bits-per-weight {budget} is below what this model takes with every matrix in its "
                                  f"cheapest scheme ({least:.3f}); use --bits-per-weight {math.ceil(least * 100) / 100}")
-    rel = {u.name: {s: errors[u.name][s] / errors[u.name]["energy"] for s in PRECISION_SCHEMES} for u in units}
+    rel = {u.name: {s: errors[u.name][s] / errors[u.name]["energy"] for s in price[u.name]} for u in units}
     plan.update(_knapsack(units, price, rel, cheapest, limit - used))
     used = (scheme_bits(plan[lm_head[0]], lm_head[1]) if lm_head else 0) + sum(price[u.name][plan[u.name]]
                                                                                 for u in units)
@@ -135,7 +149,7 @@ def allocate(units: list[Unit], errors: dict[str, dict], budget: float, lm_head:
                           if s in plan.values()},
               "linears": {u.name: {"scheme": plan[u.name], "bits": price[u.name][plan[u.name]],
                                    "relative_error": {s: round(errors[u.name][s] / errors[u.name]["energy"], 8)
-                                                      for s in PRECISION_SCHEMES}} for u in units}}
+                                                      for s in price[u.name]}} for u in units}}
     if lm_head is not None:
         report["lm_head"] = {"scheme": plan[lm_head[0]], "bits": scheme_bits(plan[lm_head[0]], lm_head[1]),
                              "rule": "int8 when the budget holds it with every other linear at "
@@ -157,6 +171,8 @@ def _knapsack(units: list[Unit], price: dict, rel: dict, cheapest: dict, spare: 
     for i, u in enumerate(units):
         nxt = np.full(cap + 1, np.inf)
         for j, s in enumerate(PRECISION_SCHEMES):
+            if s not in price[u.name]:
+                continue
             cost = math.ceil((price[u.name][s] - price[u.name][cheapest[u.name]]) / quantum)
             if cost > cap:
                 continue

@@ -70,6 +70,8 @@ CPU = {
         zero_point=False, threads=2)),
     "linear:Int4GroupA8": Case("test_w4a8_kernel.py", "test_linear_w4a8_matches_reference", dict(
         _AVX2, M=17, N=40, K=96, G=32, bias=False, threads=2)),
+    "linear:Int4SuperBlock": Case("test_superblock.py", "test_linear_w4k_matches_reference", dict(
+        _AVX2, M=17, N=40, K=1536, bias=True, threads=2)),
     "linear:W8A8": Case("test_w8a8_kernel.py", "test_linear_w8a8_matches_reference", dict(
         _AVX2, M=9, N=33, K=5, smooth=True, bias=False, threads=2)),
     "linear:Fp8E4M3": Case("test_fp8_kernels.py", "test_linear_fp8_dynamic", dict(_AVX2, M=3, N=40, K=97, bias=True,

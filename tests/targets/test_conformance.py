@@ -33,8 +33,8 @@ from target_cases import CASES, ENGINES, FAMILY, OWN_PROCESS, TESTS, run_case
 from bessemer.format.kv import blocks_needed
 from bessemer.format.step import StepBatch
 from bessemer.plugins.ops import OPS
-from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int4GroupA8, Int8PerChannel,
-                                           Mxfp4Experts, StoredFormat, W8A8)
+from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int4GroupA8, Int4SuperBlock,
+                                           Int8PerChannel, Mxfp4Experts, StoredFormat, W8A8)
 from bessemer.targets import get_target, target_names
 
 ONLY = os.environ.get("BESSEMER_CONFORMANCE_TARGET")  # set in such a child: the one target it checks
@@ -48,6 +48,7 @@ FORMAT_SAMPLES = {
     Int8PerChannel: ((Int8PerChannel(), (64, 128)),),
     Int4Group: ((Int4Group(32, False), (64, 128)), (Int4Group(64, True), (64, 128))),
     Int4GroupA8: ((Int4GroupA8(32), (64, 128)), (Int4GroupA8(128), (64, 128))),
+    Int4SuperBlock: ((Int4SuperBlock(128), (64, 128)), (Int4SuperBlock(192), (64, 576))),
     W8A8: ((W8A8(smooth=False), (64, 128)), (W8A8(smooth=True), (64, 128))),
     Fp8E4M3: ((Fp8E4M3(dynamic=True), (64, 128)), (Fp8E4M3(dynamic=False), (64, 128))),
     ExpertStack: ((ExpertStack(Int8PerChannel(), 4), (4 * 64, 128)),

@@ -70,7 +70,10 @@ def quantize(graph: Graph, build: BuildConfig) -> Graph:
             quant = scheme_format(plan[n.name], w.shape[1])
         else:
             smooth = q.act_bits == 8 and q.o_proj_smoothing == "kernel" and producer.get(n.inputs[0]) == "attention"
-            quant = weight_format(q, w.shape[1], smooth)
+            try:
+                quant = weight_format(q, w.shape[1], smooth)
+            except InvalidOptionError as e:  # a K the mode's format cannot store (w4k: not whole sub-blocks)
+                raise InvalidOptionError(f"{n.name}: {e}") from None
         if w.name in gathered:
             table_quant[w.name] = quant
         nodes.append(replace(n, weights=(replace(w, quant=quant),) + n.weights[1:]))

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int4GroupA8, Int8PerChannel, Mxfp4Experts,
-                                          W8A8)
+from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int4GroupA8, Int4SuperBlock, Int8PerChannel,
+                                          Mxfp4Experts, W8A8)
 
 # plugins/ops.py ops with a C++ kernel in csrc/kernels (split: column views, no kernel;
 # all_reduce / all_gather: the tensor-parallel collectives)
@@ -76,6 +76,10 @@ QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("linear_w8a16", 1, {"codes": "panel16"}),
     ("linear", Int4Group): _int4,
     ("linear", Int4GroupA8): _int4_a8,
+    # two-level parameters panel16 as stored (uint8 sub-block codes, fp16 super values)
+    ("linear", Int4SuperBlock): lambda fmt, shape: QuantKernel(
+        "linear_w4k", 1, {"codes": "panel16_int4_k8", "scales": "panel16", "offsets": "panel16",
+                          "super_scales": "panel16", "super_offsets": "panel16"}, {"super_block": fmt.super_block}),
     ("linear", W8A8): lambda fmt, shape: QuantKernel("linear_w8a8", 1, {"codes": "vnni16"},
                                                      {"has_smooth": 1} if fmt.smooth else {}),
     # @2: dynamic per-token activation scales computed in the kernel; @1: the stored static one

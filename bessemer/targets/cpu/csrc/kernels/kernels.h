@@ -28,6 +28,7 @@ BESSEMER_KERNEL(linear)
 BESSEMER_KERNEL(linear_fp8)
 BESSEMER_KERNEL(linear_w4a16)
 BESSEMER_KERNEL(linear_w4a8)
+BESSEMER_KERNEL(linear_w4k)
 BESSEMER_KERNEL(linear_w8a16)
 BESSEMER_KERNEL(linear_w8a8)
 BESSEMER_KERNEL(moe)
@@ -76,6 +77,12 @@ void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* co
                            const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
                            float* y, int64_t ldy, int nthreads);
 bool linear_w4_bf16_avx512_available(bool k8);
+// linear_w4k@1 on AVX512_BF16 (linear_w4_bf16_avx512.cpp): panel16_int4_k8 codes, uint8
+// sub-block scale / minimum codes panel16 [N, K/32], fp16 super-scales / super-minimums
+// panel16 [N, K/super_block] (fp16 bits); available when linear_w4_bf16_avx512_available(true).
+void linear_w4k_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const uint8_t* scales,
+                            const uint8_t* offsets, const uint16_t* super_scales, const uint16_t* super_offsets,
+                            int super_block, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 // moe_mxfp4@1's expert GEMM on AVX-512 (moe_mxfp4_avx512.cpp), one thread: output rows
 // [n0, n1) of y[M, N] = x[M, K] @ W^T (+ bias), W's MXFP4 rows: codes (N, K/2), E8M0 scales
 // (N, K/32), scale_of[s] = 2^(s - 127); each 32-column block of x holds its even columns then

@@ -157,6 +157,11 @@ struct UkArgs {
     int64_t qpstride;  // elements between panels of qs/qo (group-wise)
     int group;         // K columns per group (kc is a multiple of it), 0 = per channel
     int pbytes;        // bytes per element of qs/qo: 4 fp32, 2 bf16 (then qs/qo point to bf16)
+    // Two-level parameters (linear_w4k): qs/qo are the uint8 sub-block codes (pbytes =
+    // group / 32: a group's 16 rows x group/32 sub-blocks), qds/qdo the fp16 super-scales
+    // and super-minimums of the same (panel, group), 2 bytes per element; null otherwise.
+    const uint16_t* qds;
+    const uint16_t* qdo;
     // GEMV: bytes from a weight to the same k of the next panel group (0 = none). A
     // compute-heavy (quantized) microkernel prefetches there, and the next group's
     // quantization parameters (at qs/qo + NR*qpstride, or qs + NR*16 per channel): the
@@ -183,6 +188,8 @@ struct QuantParams {
     const float* offsets;
     int group;  // 0: per-channel scales [N] row_major; > 0: group-wise panel16 [N, K/group]
     int pbytes = 4;  // 2: group-wise scales/offsets are bf16 (only kernels that read bf16 get them)
+    const uint16_t* super_scales = nullptr;   // linear_w4k: fp16 panel16 [N, K/group] (UkArgs::qds)
+    const uint16_t* super_offsets = nullptr;
 };
 
 // p advanced by n elements of pbytes bytes.
@@ -245,6 +252,7 @@ struct PanelFamily {
         t.a.pstride = int64_t(K) * kbytes;
         t.a.ldy = ldy;
         t.a.qs = t.a.qo = nullptr;
+        t.a.qds = t.a.qdo = nullptr;
         t.a.group = q ? q->group : 0;
         t.a.qpstride = t.a.group > 0 ? int64_t(K / t.a.group) * 16 : 0;
         t.a.pbytes = q ? q->pbytes : 4;
@@ -269,6 +277,10 @@ struct PanelFamily {
                 const int64_t off = int64_t(p0) * t.a.qpstride + int64_t(k0 / q->group) * 16;
                 t.a.qs = param_at(q->scales, off, q->pbytes);
                 t.a.qo = param_at(q->offsets, off, q->pbytes);
+                if (q->super_scales) {
+                    t.a.qds = q->super_scales + off;
+                    t.a.qdo = q->super_offsets + off;
+                }
             } else {
                 t.a.qs = q->scales + 16 * p0;
             }

@@ -15,6 +15,10 @@
 // linear_w4a16@3 (symmetric codes, no offsets: w = s (c - 8)) is the same loop with the
 // epilogue y += 16 s_g (acc - 1.5 sx_g) (= s_g (16 acc - 16 sx_g - 8 sx_g)): the offsets are
 // neither stored nor read.
+// linear_w4k@1 (two-level parameters) is the asymmetric loop over sub-blocks of 32 whose
+// epilogue makes each sub-block's scale and offset from its uint8 codes and its
+// super-block's fp16 values: s = d * sc, o = -(dmin * m) (one fp32 rounding each, what the
+// fallback computes once at prepare).
 //
 // Decoding (panel16_int4: 8 bytes per panel and k; byte j = row j in the low nibble,
 // row 8 + j in the high nibble), for a 64-byte block (8 k) and a k pair p of it:
@@ -48,6 +52,9 @@ void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* co
                            const void* offsets, bool bf16_params, int group, int N, int K, const float* bias,
                            float* y, int64_t ldy, int nthreads);
 bool linear_w4_bf16_avx512_available(bool k8);
+void linear_w4k_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const uint8_t* scales,
+                            const uint8_t* offsets, const uint16_t* super_scales, const uint16_t* super_offsets,
+                            int super_block, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 
 namespace {
 
@@ -137,12 +144,28 @@ inline float sum_bf16(const uint16_t* p, int n) {
     return _mm512_reduce_add_ps(s);
 }
 
+// Group parameters: bf16/fp32 scale and offset, scale only, or two-level (linear_w4k).
+enum ParamKind { PK_ASYM = 0, PK_SYM = 1, PK_TWO_LEVEL = 2 };
+
+// 16 fp16 values at p widened to fp32.
+inline __m512 load_half16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// 16 uint8 codes at p times the fp32 values v (one rounding).
+inline __m512 times_u8(__m512 v, const void* p) {
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_mul_ps(v, c);
+}
+
 // One call covers a.kc columns (a.kc / G groups) of MR rows x NR panels; a.x is the driver's
 // bf16 block (row stride a.ldx elements, even, zero pad), a.w the codes at its first k.
 // K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block). SYM: symmetric
-// codes, w = s (c - 8): a.qo is null and never read.
-template <int MR, int NR, bool K8, bool SYM>
+// codes, w = s (c - 8): a.qo is null and never read. TWO_LEVEL: a.group is the super-block
+// (the driver's unit for the parameter pointers), the loop's groups are its sub-blocks of 32.
+template <int MR, int NR, bool K8, int MODE>
 void ukr_w4_bf16(const UkArgs& a) {
+    constexpr bool SYM = MODE == PK_SYM;
     const DecodeConsts dc = decode_consts();
     const uint16_t* xr[MR];
 #pragma GCC unroll 8
@@ -150,13 +173,26 @@ void ukr_w4_bf16(const UkArgs& a) {
     const char* wp[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
-    const int G = a.group, ng = a.kc / G;
+    const int G = MODE == PK_TWO_LEVEL ? 32 : a.group, ng = a.kc / G;
+    const int per = a.group / 32;  // TWO_LEVEL: sub-blocks per super-block
     // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel).
     const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
     const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
     const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
     const int lines = (a.kc + 7) / 8;
     const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
+    // TWO_LEVEL: each panel's 16 d (times 16) and -dmin of the current super-block, widened
+    // from fp16 once per super-block; GEMV prefetches the next panel group's (sparse reads
+    // the hardware prefetcher does not follow, like the sub-block codes above).
+    __m512 d16[NR], ndmin[NR];
+    if (MODE == PK_TWO_LEVEL && a.pf_next) {
+        const int64_t bytes = int64_t(a.kc / a.group) * 32;  // fp16 x 16 rows per super-block
+        for (int n = 0; n < NR; ++n)
+            for (int64_t b = 0; b < bytes; b += 64) {
+                _mm_prefetch(reinterpret_cast<const char*>(a.qds + (NR + n) * a.qpstride) + b, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(a.qdo + (NR + n) * a.qpstride) + b, _MM_HINT_T0);
+            }
+    }
     // One chain of vdpbf16ps per output tile for every MR: extra accumulators for small MR
     // (fewer dependent steps at M = 1) would sum a row's k in another order than when the
     // row is in a larger batch (batch invariance, linear_driver.h).
@@ -225,10 +261,22 @@ void ukr_w4_bf16(const UkArgs& a) {
             if (nc <= 0) break;
             const __mmask16 mask = simd512::panel_mask(nc);
             // panel16 params: padded to whole panels
-            const int64_t pi = n * a.qpstride + g * 16;
-            const __m512 s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
+            __m512 s16, o;
             const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
-            const __m512 o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
+            if (MODE == PK_TWO_LEVEL) {  // sub-block g: super-block g / per, codes at byte (g % per) * 16
+                const int64_t pi = n * a.qpstride + (g / per) * 16;
+                const int64_t sub = pi * per + (g % per) * 16;
+                if (g % per == 0) {  // 16 d and -dmin are exact: (16 d) sc = 16 (d sc), (-dmin) m = -(dmin m)
+                    d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
+                    ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
+                }
+                s16 = times_u8(d16[n], reinterpret_cast<const uint8_t*>(a.qs) + sub);
+                o = times_u8(ndmin[n], reinterpret_cast<const uint8_t*>(a.qo) + sub);
+            } else {
+                const int64_t pi = n * a.qpstride + g * 16;
+                s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
+                o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
+            }
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
                 __m512 v;
@@ -244,11 +292,11 @@ void ukr_w4_bf16(const UkArgs& a) {
     }
 }
 
-template <bool K8, bool SYM>
+template <bool K8, int MODE>
 struct UkTableW4Bf16 {
     UkFn f[(kMR + 1) * (kNR + 1)];
     template <int MR, int NR>
-    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR, K8, SYM>; }
+    constexpr void set() { f[MR * (kNR + 1) + NR] = ukr_w4_bf16<MR, NR, K8, MODE>; }
     template <int MR>
     constexpr void row() {
         set<MR, 1>(); set<MR, 2>();
@@ -259,10 +307,11 @@ struct UkTableW4Bf16 {
     }
 };
 
-const UkTableW4Bf16<false, false> kTable;
-const UkTableW4Bf16<true, false> kTableK8;
-const UkTableW4Bf16<false, true> kTableSym;
-const UkTableW4Bf16<true, true> kTableK8Sym;
+const UkTableW4Bf16<false, PK_ASYM> kTable;
+const UkTableW4Bf16<true, PK_ASYM> kTableK8;
+const UkTableW4Bf16<false, PK_SYM> kTableSym;
+const UkTableW4Bf16<true, PK_SYM> kTableK8Sym;
+const UkTableW4Bf16<true, PK_TWO_LEVEL> kTableK8TwoLevel;
 
 // XPrepFn: rows of fp32 -> bf16 (round to nearest even, vcvtneps2bf16), zero pad to ldq.
 void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
@@ -290,6 +339,19 @@ void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* co
     const UkFn* table = offsets ? (k8 ? kTableK8.f : kTable.f) : (k8 ? kTableK8Sym.f : kTableSym.f);
     linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, table, kNR + 1, &qp,
                    prep_bf16, 2);
+}
+
+void linear_w4k_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const uint8_t* scales,
+                            const uint8_t* offsets, const uint16_t* super_scales, const uint16_t* super_offsets,
+                            int super_block, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads) {
+    // the driver offsets qs/qo by elements of super_block / 32 bytes (a super-block's
+    // sub-block codes of one row) and qds/qdo by fp16 elements, per (panel, super-block)
+    QuantParams qp{reinterpret_cast<const float*>(scales), reinterpret_cast<const float*>(offsets), super_block,
+                   super_block / 32};
+    qp.super_scales = super_scales;
+    qp.super_offsets = super_offsets;
+    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, kTableK8TwoLevel.f,
+                   kNR + 1, &qp, prep_bf16, 2);
 }
 
 bool linear_w4_bf16_avx512_available(bool k8) {

@@ -30,6 +30,7 @@ const KernelDef kKernels[] = {
     {kTarget, "linear_w4a16", 1, prepare_linear_w4a16, run_linear_w4a16},
     {kTarget, "linear_w4a16", 2, prepare_linear_w4a16, run_linear_w4a16},
     {kTarget, "linear_w4a16", 3, prepare_linear_w4a16, run_linear_w4a16},
+    {kTarget, "linear_w4k", 1, prepare_linear_w4k, run_linear_w4k},
     {kTarget, "linear_w4a8", 1, prepare_linear_w4a8, run_linear_w4a8},
     {kTarget, "linear_w8a16", 1, prepare_linear_w8a16, run_linear_w8a16},
     {kTarget, "linear_w8a8", 1, prepare_linear_w8a8, run_linear_w8a8},

@@ -1,0 +1,233 @@
+"""The two-level 4-bit format (--quant w4k, quantization/superblock.py, linear_w4k@1).
+
+The format against its NumPy statement (stored parts -> dequantize), the kernel against
+bf16(x) @ dequantized(w).T in float64 on both ISA paths (AVX512_BF16 reading the stored
+parameters, the AVX2 fallback on parameters made at load), the grid against the
+one-level w4a16 g32 grids it is meant to beat, and the K cuts of tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tolerances as tol  # noqa: E402
+from test_kernels import ISAS, assert_close, emb_step, make_plan, run_flat, step  # noqa: E402
+from test_quant_kernels import V, entry, executor, f32_entry, write  # noqa: E402
+
+from bessemer.errors import InvalidOptionError  # noqa: E402
+from bessemer.quantization import superblock as sb  # noqa: E402
+from bessemer.quantization.config import QuantConfig  # noqa: E402
+from bessemer.quantization.formats import (Int4Group, Int4SuperBlock, WeightCalibration,  # noqa: E402
+                                           weight_format)
+from bessemer.quantization.primitives import round_to_bf16, sqnr_db  # noqa: E402
+
+
+def _weights(rng, n, k):
+    return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+
+
+def test_super_block_is_the_largest_multiple_of_32_dividing_k():
+    assert [sb.super_block_size(k) for k in (256, 576, 1536, 96, 4096, 40)] == [256, 192, 256, 96, 256, None]
+    assert weight_format(QuantConfig("w4k"), 576) == Int4SuperBlock(192)
+    with pytest.raises(InvalidOptionError, match="multiple of 32.*use --quant w4a16"):
+        weight_format(QuantConfig("w4k"), 40)
+
+
+def test_stored_parts_dequantize_to_the_formula_and_sit_on_their_grid():
+    """dequantize == (d * sc) * code - dmin * m written out per element; the sub-codes fit a
+    byte, the super values are fp16 values, every sub-block's minimum is <= 0."""
+    rng = np.random.default_rng(1)
+    w = _weights(rng, 24, 384)
+    fmt = Int4SuperBlock(sb.super_block_size(384))
+    q = fmt.quantize(w, WeightCalibration())
+    assert q["codes"].shape == (24, 384) and q["codes"].max() <= 15
+    assert q["scales"].dtype == np.uint8 and q["scales"].shape == (24, 12) and q["super_scales"].shape == (24, 2)
+    for part in ("super_scales", "super_offsets"):
+        np.testing.assert_array_equal(q[part].astype(np.float16).astype(np.float32), q[part])
+    n, k = np.indices(w.shape)
+    d, dmin = q["super_scales"][n, k // 192], q["super_offsets"][n, k // 192]
+    sc, m = q["scales"][n, k // 32].astype(np.float32), q["offsets"][n, k // 32].astype(np.float32)
+    expected = (d * sc).astype(np.float32) * q["codes"] - (dmin * m).astype(np.float32)
+    np.testing.assert_allclose(fmt.dequantize(q), expected, rtol=1e-6, atol=1e-7)
+    assert sqnr_db(w, fmt.dequantize(q)) > tol.W4K_GAUSSIAN_MIN_SQNR_DB
+
+
+def test_more_accurate_than_the_one_level_g32_grids():
+    """Per weight, the two-level grid (4.625 bits) beats both w4a16 g32 grids (4.5 and 5
+    bits) on Gaussian weights, and its 8-bit sub-codes beat Q4_K's 6-bit ones."""
+    rng = np.random.default_rng(2)
+    w = _weights(rng, 64, 512)
+    two = sb.dequantize(dict(grid := sb.superblock_grid(w, 256), codes=sb.quantize_codes(w, grid)))
+    six = sb.dequantize(dict(g6 := sb.superblock_grid(w, 256, levels=63), codes=sb.quantize_codes(w, g6)))
+    ones = [Int4Group(32, zp) for zp in (False, True)]
+    one_level = [f.dequantize(f.quantize(w, WeightCalibration())) for f in ones]
+    assert sqnr_db(w, two) > max(sqnr_db(w, x) for x in one_level) + 0.5
+    assert sqnr_db(w, two) > sqnr_db(w, six)
+
+
+def test_gptq_codes_lie_on_the_grid_and_lower_the_output_error():
+    rng = np.random.default_rng(3)
+    w = _weights(rng, 32, 256)
+    # correlated inputs (what GPTQ's error feedback exploits), channels of unequal energy
+    mix = rng.standard_normal((256, 256)).astype(np.float32) / 16 + np.eye(256, dtype=np.float32)
+    x = (rng.standard_normal((512, 256)).astype(np.float32) @ mix) * np.linspace(0.2, 3, 256, dtype=np.float32)
+    h = (x.T @ x).astype(np.float64)
+    fmt = Int4SuperBlock(256)
+    rtn, gptq = fmt.quantize(w, WeightCalibration()), fmt.quantize(w, WeightCalibration(hessian=h))
+
+    def out_err(q):
+        return float(np.square(x @ (w - fmt.dequantize(q)).T).mean())
+
+    assert out_err(gptq) < 0.9 * out_err(rtn)
+
+
+def test_k_cuts_follow_super_blocks():
+    fmt = Int4SuperBlock(192)
+    assert fmt.column_split_error(576, [(0, 192), (192, 576)], 0) is None
+    why = fmt.column_split_error(576, [(0, 288), (288, 576)], 1)
+    assert "column 288" in why and "super-block of 192" in why
+    rng = np.random.default_rng(4)
+    w = _weights(rng, 16, 576)
+    q = fmt.quantize(w, WeightCalibration())
+    half = fmt.slice_columns(q, 192, 576)
+    np.testing.assert_array_equal(fmt.dequantize(half), fmt.dequantize(q)[:, 192:])
+
+
+# ---------------------------------------------------------------- kernel vs reference
+
+def _w4k_engine(tmp_path, w, table, bias, calib=WeightCalibration()):
+    n, k = w.shape
+    fmt = Int4SuperBlock(sb.super_block_size(k))
+    q = fmt.quantize(w, calib)
+    layouts = {"codes": "panel16_int4_k8"}
+    names = {"codes": "c", "scales": "s", "offsets": "o", "super_scales": "d", "super_offsets": "dm"}
+    ents = [f32_entry("emb", table)]
+    for p in fmt.parts((n, k)):
+        layout = layouts.get(p.role, "panel16")
+        ents.append(entry(names[p.role], p.dtype, layout, p.shape, fmt.pack(p.role, q[p.role], layout)))
+    ws = list(names.values()) + (["b"] if bias is not None else [])
+    if bias is not None:
+        ents.append(f32_entry("b", bias))
+    lin = step("linear_w4k", [[0, 3, k]], [[1, 2, n]], ws, {"super_block": fmt.super_block}, 1)
+    plan = make_plan([(k + 3, "tokens"), (n + 5, "tokens")], [emb_step([0, 3, k]), lin], [1, 2, n], n)
+    return write(tmp_path / "w4k.engine", plan, ents), fmt.dequantize(q)
+
+
+W4K_CASES = [  # M, N, K, bias, threads: decode (M <= 8), prefill, K blocks of several super-blocks,
+    (1, 40, 256, False, 1), (1, 48, 576, True, 2), (3, 40, 576, False, 2),  # N off panels
+    (17, 40, 1536, True, 2), (130, 33, 256, True, 2), (8, 200, 2304, False, 2),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("M,N,K,bias,threads", W4K_CASES)
+def test_linear_w4k_matches_reference(tmp_path, isa, M, N, K, bias, threads):
+    rng = np.random.default_rng(M * 1000 + N + K)
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    w = _weights(rng, N, K)
+    b = rng.standard_normal(N).astype(np.float32) if bias else None
+    path, wd = _w4k_engine(tmp_path, w, table, b)
+    tokens = rng.integers(0, min(V, N), M)
+    out = run_flat(executor(path, isa, threads), tokens)
+    ref = round_to_bf16(table[tokens]).astype(np.float64) @ wd.astype(np.float64).T + (b if bias else 0)
+    assert_close(out, ref, tol.W4_BF16_RTOL, tol.W4_BF16_ATOL, f"linear_w4k ({isa})")
+
+
+def test_linear_w4k_rows_do_not_depend_on_the_batch(tmp_path):
+    """A row's output is bit-identical alone and inside 1..12-row steps (fixed K order)."""
+    rng = np.random.default_rng(9)
+    table = rng.standard_normal((V, 576)).astype(np.float32)
+    path, _ = _w4k_engine(tmp_path, _weights(rng, 96, 576), table, None)
+    for isa in ISAS:
+        ex = executor(path, isa, 2)
+        alone = run_flat(ex, np.array([7]))[0]
+        for m in (2, 5, 9, 12):
+            np.testing.assert_array_equal(run_flat(ex, np.array([7] + list(range(m - 1))))[0], alone)
+
+
+# ---------------------------------------------------------------- engines
+
+@pytest.fixture(scope="module")
+def tiny_wide(tmp_path_factory) -> Path:
+    """A tied tiny Llama whose K (512) is two super-blocks of 256, so --tp 2 cuts o_proj and
+    down_proj on super-block boundaries."""
+    from conftest import make_tiny_checkpoint
+
+    return make_tiny_checkpoint("llama-tied", tmp_path_factory.mktemp("wide") / "hf", hidden_size=512,
+                                intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_w4k_engine_matches_hf_on_the_same_fake_quantized_weights(tiny_wide, tmp_path):
+    """The engine (linear_w4k for every decoder linear, the int8 tied table) equals HF
+    running dequantize(quantize(w)) of each linear (a row-wise format: q|k|v and gate|up
+    quantize alone as in the fused weight) on bf16-rounded inputs. Built at --tp 2 (one
+    build: the suite's time): o_proj and down_proj hold one super-block of K per rank, cut
+    from the TP=1 codes; the single-rank kernel is test_linear_w4k_matches_reference's."""
+    tp = 2
+    import torch
+
+    from test_mixed_precision import fake_quantized_hf
+    from tolerances import FAKE_QUANT_LOGITS_ATOL, W4_BF16_FAKE_QUANT_LOGITS_RTOL
+
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+    from bessemer.runtime.llm import LLM
+
+    engine = build_engine(tiny_wide, tmp_path / "e", BuildConfig(quant=QuantConfig("w4k"), max_seq_len=64, tp_size=tp))
+    names = [f"model.layers.{i}.{m}" for i in range(2)
+             for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+    hf = fake_quantized_hf(tiny_wide, dict({n: "int4-k" for n in names}, lm_head="int8"))
+    prompts = [list(range(5, 25)), [7, 8, 9]]
+    for ids, out in zip(prompts, LLM(engine, num_threads=2).score(prompts, num_prefill=2)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].numpy()
+        err = np.abs(out - ref).max()
+        assert err <= FAKE_QUANT_LOGITS_ATOL + W4_BF16_FAKE_QUANT_LOGITS_RTOL * np.abs(ref).max(), err
+
+
+def test_a_k_cut_inside_a_super_block_is_refused_naming_tp(tiny_wide, tmp_path):
+    """--tp 4 would cut o_proj's 512 input features at 128 (one head a rank), inside the
+    first super-block of 256; the error names the --tp that works."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    with pytest.raises(InvalidOptionError, match=r"o_proj: --tp 4 cuts its 512 input features at column 128, inside "
+                                                 r"a super-block of 256 \(--quant w4k\); use --quant w4a16 --group-size "
+                                                 r"32 or --tp 1 or 2"):
+        build_engine(tiny_wide, tmp_path / "e", BuildConfig(quant=QuantConfig("w4k"), max_seq_len=64, tp_size=4))
+
+
+def test_input_features_not_in_whole_sub_blocks_are_refused_naming_the_linear(tiny_checkpoint, tmp_path):
+    """intermediate 88: down_proj's K is not a multiple of 32."""
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+
+    with pytest.raises(InvalidOptionError, match=r"mlp.down_proj: --quant w4k needs input features that are a "
+                                                 r"multiple of 32, got 88; use --quant w4a16"):
+        build_engine(tiny_checkpoint("llama-tied"), tmp_path / "e", BuildConfig(quant=QuantConfig("w4k"), max_seq_len=64))
+
+
+def test_cuda_target_refuses_w4k_at_build_time():
+    """No Triton kernel reads the two-level format yet: refused when configured."""
+    from bessemer.builder.config import BuildConfig
+
+    with pytest.raises(InvalidOptionError, match=r"--target cuda has no kernels for --quant w4k \(int4_superblock"):
+        BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig("w4k"))
+
+
+def test_w4k_options():
+    """No --zero-point (sub-blocks always have a minimum); GPTQ needs calibration text and
+    takes act-order by default; --bits-per-weight applies; config.json names the layout."""
+    with pytest.raises(InvalidOptionError, match="--zero-point does not apply to --quant w4k"):
+        QuantConfig("w4k", zero_point=True)
+    with pytest.raises(InvalidOptionError, match="needs calibration text"):
+        QuantConfig("w4k-gptq")
+    assert QuantConfig("w4k-gptq", calib_data="c.txt").act_order
+    assert QuantConfig("w4k", bits_per_weight=4.85, calib_data="c.txt").bits_per_weight == 4.85
+    d = QuantConfig("w4k").to_json()
+    assert d["granularity"] == "two_level" and "group_size" not in d
