@@ -214,6 +214,24 @@ def hf_logits(model_dir: Path, token_ids: list[int], dtype: str = "float32") -> 
         return model(torch.tensor([token_ids])).logits[0].float().numpy()
 
 
+def assert_engine_matches_hf_model(engine: Path, hf, rtol: float,
+                                   prompts=(tuple(range(5, 25)), (7, 8, 9))) -> None:
+    """The engine's logits at every position of each prompt (LLM.score, two sequences
+    prefilled together) within FAKE_QUANT_LOGITS_ATOL + rtol * max|HF's| of an HF model's
+    (usually the checkpoint with the engine's fake-quantized weights)."""
+    import torch
+
+    from bessemer.runtime.llm import LLM
+    from tolerances import FAKE_QUANT_LOGITS_ATOL
+
+    prompts = [list(p) for p in prompts]
+    for ids, out in zip(prompts, LLM(engine, num_threads=2).score(prompts, num_prefill=2)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].numpy()
+        err = np.abs(out - ref).max()
+        assert err <= FAKE_QUANT_LOGITS_ATOL + rtol * np.abs(ref).max(), err
+
+
 _HF_CACHE: dict = {}
 
 
@@ -333,11 +351,15 @@ def cuda_engine(tiny_checkpoint, run_dir, kernel_cache):
 
 
 def moe_routing_margin(ckpt, ids) -> np.ndarray | None:
+    """router_margin of HF fp32 on checkpoint ckpt."""
+    return router_margin(_hf_model(str(ckpt), "float32"), ids)
+
+
+def router_margin(model, ids) -> np.ndarray | None:
     """Per position, the smallest gap over the layers between the k-th and (k+1)-th router
-    logit of HF fp32 (None for a model that does not report its router logits)."""
+    logit of an HF MoE model (None for a model that does not report its router logits)."""
     import torch
 
-    model = _hf_model(str(ckpt), "float32")
     with torch.no_grad():
         out = model(torch.tensor([ids]), output_router_logits=True)
     if not getattr(out, "router_logits", None):

@@ -43,3 +43,13 @@ def run_mixed(llm: LLM, target: list[int], others: list[list[int]], rng: np.rand
 
 def prompts(rng: np.random.Generator, vocab: int, n: int, lo: int, hi: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(3, vocab, int(rng.integers(lo, hi)))] for _ in range(n)]
+
+
+def assert_same_alone_and_in_batches(llm: LLM, sizes: tuple[int, ...] = (3, 16), seed: int = 0) -> None:
+    """A 35..45-token request's tokens and logprobs are bit-identical alone and inside batches
+    of each size in `sizes` other requests (1..40 tokens each, mixed into its steps)."""
+    rng = np.random.default_rng(seed)
+    target = prompts(rng, llm.vocab_size, 1, 35, 45)[0]
+    want = run_alone(llm, target)
+    for k in sizes:
+        assert run_mixed(llm, target, prompts(rng, llm.vocab_size, k, 1, 40), rng) == want, f"batch of {k + 1}"

@@ -19,10 +19,9 @@ from bessemer.format.container import read_rank_header
 from bessemer.quantization.config import PRECISION_SCHEMES, QuantConfig
 from bessemer.quantization.formats import WeightCalibration, scheme_format
 from bessemer.quantization.mixed_precision import Unit, allocate, scheme_bits
-from bessemer.runtime.llm import LLM
-from conftest import make_tiny_checkpoint
+from conftest import assert_engine_matches_hf_model, make_tiny_checkpoint
 from test_families import _with_word_tokenizer
-from tolerances import FAKE_QUANT_LOGITS_ATOL, W4_BF16_FAKE_QUANT_LOGITS_RTOL
+from tolerances import W4_BF16_FAKE_QUANT_LOGITS_RTOL
 
 PARTS = ("scales", "offsets", "super_scales", "super_offsets", "wsum", "smooth", "input_scale")
 
@@ -156,8 +155,6 @@ def test_built_engine_meets_its_budget_and_reports_its_bits(tiny_tied, tmp_path,
     and the plan's and stay within the budget; the plan is in config.json; the engine (int8
     and int4 g64/g32/asymmetric linears, an int4 or int8 tied table) equals HF running the
     plan's fake-quantized weights at the weight-only tolerance of test_quantization."""
-    import torch
-
     monkeypatch.setenv("BESSEMER_CACHE", str(tmp_path / "cache"))
     quant = QuantConfig("w4a16", group_size=32, bits_per_weight=budget, calib_data=str(calibration_text),
                         calib_samples=4, calib_seq_len=64)
@@ -178,12 +175,7 @@ def test_built_engine_meets_its_budget_and_reports_its_bits(tiny_tied, tmp_path,
     assert precision["lm_head"] == plan["lm_head"]["scheme"]
     assert len(set(precision.values())) >= 2, "a budget between the schemes' prices mixes them"
     hf = fake_quantized_hf(tiny_tied, precision)
-    prompts = [list(range(5, 25)), [7, 8, 9]]
-    for ids, out in zip(prompts, LLM(engine, num_threads=2).score(prompts, num_prefill=2)):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].numpy()
-        err = np.abs(out - ref).max()
-        assert err <= FAKE_QUANT_LOGITS_ATOL + W4_BF16_FAKE_QUANT_LOGITS_RTOL * np.abs(ref).max(), err
+    assert_engine_matches_hf_model(engine, hf, W4_BF16_FAKE_QUANT_LOGITS_RTOL)
 
 
 @pytest.mark.parametrize("options", [dict(mode="w4a16", lm_head="int4"),

@@ -151,16 +151,12 @@ def test_fp8_expert_requests_are_batch_invariant(tiny_engine, isa):
     """A request's tokens and logprobs are bit-identical alone (decode steps: few (token,
     expert) pairs) and inside batches of 3 and 16 other requests (chunked expert GEMMs): every
     activation scale is its own row's."""
-    from test_batch_invariance import prompts, run_alone, run_mixed
+    from invariance import assert_same_alone_and_in_batches
 
     llm = LLM(tiny_engine("qwen3-moe", quant=FP8, kv_block_size=4), num_threads=2, isa=isa,
               enable_prefix_caching=False)
     try:
-        rng = np.random.default_rng(0)
-        target = prompts(rng, llm.vocab_size, 1, 35, 45)[0]
-        want = run_alone(llm, target)
-        for k in (3, 16):
-            assert run_mixed(llm, target, prompts(rng, llm.vocab_size, k, 1, 40), rng) == want, f"batch of {k + 1}"
+        assert_same_alone_and_in_batches(llm)
     finally:
         llm.close()
 

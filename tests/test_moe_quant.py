@@ -6,7 +6,6 @@ dense linears plus fake_quantize_experts here; tolerances from tests/tolerances.
 
 import copy
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -290,17 +289,13 @@ def test_mxfp4_engine_requests_are_batch_invariant(tiny_checkpoint, tmp_path, is
     """gpt-oss with MXFP4 experts, both ISAs: a request's tokens and logprobs are bit-identical
     alone (its decode steps in the expert driver's small-batch path) and inside batches of 3
     and 16 other requests (steps with more (token, expert) pairs than a chunk: chunked)."""
-    from test_batch_invariance import prompts, run_alone, run_mixed
+    from invariance import assert_same_alone_and_in_batches
 
     mxfp4, _ = _mxfp4_checkpoints(tiny_checkpoint("gpt-oss"), tmp_path)
     engine = build_engine(mxfp4, tmp_path / "e", BuildConfig(kv_block_size=4))
     assert "moe_mxfp4" in _plan_ops(engine)
     llm = LLM(engine, num_threads=2, isa=isa, enable_prefix_caching=False)
     try:
-        rng = np.random.default_rng(0)
-        target = prompts(rng, llm.vocab_size, 1, 35, 45)[0]
-        want = run_alone(llm, target)
-        for k in (3, 16):
-            assert run_mixed(llm, target, prompts(rng, llm.vocab_size, k, 1, 40), rng) == want, f"batch of {k + 1}"
+        assert_same_alone_and_in_batches(llm)
     finally:
         llm.close()

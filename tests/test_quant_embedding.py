@@ -13,11 +13,8 @@ from bessemer.builder.config import BuildConfig
 from bessemer.errors import InvalidOptionError
 from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.formats import WeightCalibration, scheme_format
-from bessemer.runtime.llm import LLM
-from tolerances import FAKE_QUANT_LOGITS_ATOL, FP32_LOGITS_RTOL
-
-PROMPTS = [list(range(5, 25)), [7, 8, 9]]
-
+from conftest import assert_engine_matches_hf_model
+from tolerances import FP32_LOGITS_RTOL
 
 def table_only(scheme: str) -> QuantConfig:
     # every linear excluded (lm_head too: an exclusion matching it wins): only the table changes
@@ -40,19 +37,13 @@ def hf_with_table(ckpt, scheme: str):
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_untied_table_matches_hf_with_the_dequantized_table(scheme, tiny_checkpoint, tmp_path):
-    import torch
-
     ckpt = tiny_checkpoint("llama-untied")
     plain = build_engine(ckpt, tmp_path / "plain", BuildConfig(max_seq_len=64, quant=table_only("none")))
     engine = build_engine(ckpt, tmp_path / scheme, BuildConfig(max_seq_len=64, quant=table_only(scheme)))
     size = lambda e: sum(p.stat().st_size for p in e.glob("rank*"))  # noqa: E731
     assert size(engine) < size(plain), "a quantized table is smaller than its fp32 one"
     hf = hf_with_table(ckpt, scheme)
-    for ids, out in zip(PROMPTS, LLM(engine, num_threads=2).score(PROMPTS, num_prefill=2)):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].numpy()
-        err = np.abs(out - ref).max()
-        assert err <= FAKE_QUANT_LOGITS_ATOL + FP32_LOGITS_RTOL * np.abs(ref).max(), err
+    assert_engine_matches_hf_model(engine, hf, FP32_LOGITS_RTOL)
 
 
 def test_a_tied_table_is_refused_naming_lm_head(tiny_checkpoint, tmp_path):

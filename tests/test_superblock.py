@@ -169,25 +169,18 @@ def test_w4k_engine_matches_hf_on_the_same_fake_quantized_weights(tiny_wide, tmp
     build: the suite's time): o_proj and down_proj hold one super-block of K per rank, cut
     from the TP=1 codes; the single-rank kernel is test_linear_w4k_matches_reference's."""
     tp = 2
-    import torch
-
+    from conftest import assert_engine_matches_hf_model
     from test_mixed_precision import fake_quantized_hf
-    from tolerances import FAKE_QUANT_LOGITS_ATOL, W4_BF16_FAKE_QUANT_LOGITS_RTOL
+    from tolerances import W4_BF16_FAKE_QUANT_LOGITS_RTOL
 
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
-    from bessemer.runtime.llm import LLM
 
     engine = build_engine(tiny_wide, tmp_path / "e", BuildConfig(quant=QuantConfig("w4k"), max_seq_len=64, tp_size=tp))
     names = [f"model.layers.{i}.{m}" for i in range(2)
              for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
     hf = fake_quantized_hf(tiny_wide, dict({n: "int4-k" for n in names}, lm_head="int8"))
-    prompts = [list(range(5, 25)), [7, 8, 9]]
-    for ids, out in zip(prompts, LLM(engine, num_threads=2).score(prompts, num_prefill=2)):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].numpy()
-        err = np.abs(out - ref).max()
-        assert err <= FAKE_QUANT_LOGITS_ATOL + W4_BF16_FAKE_QUANT_LOGITS_RTOL * np.abs(ref).max(), err
+    assert_engine_matches_hf_model(engine, hf, W4_BF16_FAKE_QUANT_LOGITS_RTOL)
 
 
 def test_a_k_cut_inside_a_super_block_is_refused_naming_tp(tiny_wide, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from interp_support import torch
 
-from conftest import _hf_model
+from conftest import _hf_model, router_margin
 from tolerances import CUDA_BF16_ERROR_RATIO, MOE_ROUTING_TIE_MARGIN
 
 from bessemer.builder.build import build_engine
@@ -52,19 +52,6 @@ def _fake_quantized_hf(ckpt, quant: QuantConfig):
                 w = mod.weight.detach().numpy().astype(np.float32)
                 mod.weight.copy_(torch.from_numpy(_fake_quantized(w, quant)))
     return model
-
-
-def _routing_margin(model, ids) -> np.ndarray | None:
-    """Per position, the smallest gap over the layers between the k-th and (k+1)-th router
-    logit (None for a model that does not report its router logits)."""
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), output_router_logits=True)
-    if not getattr(out, "router_logits", None):
-        return None
-    k = model.config.num_experts_per_tok
-    gaps = [np.diff(np.sort(r.float().numpy(), axis=-1)[:, -k - 1:-k + 1 or None], axis=-1)[:, 0]
-            for r in out.router_logits]
-    return np.min(np.stack(gaps), axis=0)
 
 
 CASES = [  # (family, mode): int8 experts whose K (88) is no multiple of the K block, per-expert
@@ -122,7 +109,7 @@ def _assert_logits_match(engine, ref32, what: str) -> None:
         with torch.no_grad():
             want = ref32(torch.tensor([ids])).logits[0].numpy()
             theirs = np.abs(ref16(torch.tensor([ids])).logits[0].float().numpy() - want)
-        margin = _routing_margin(ref32, ids)
+        margin = router_margin(ref32, ids)
         keep = np.ones(len(ids), bool) if margin is None else margin >= MOE_ROUTING_TIE_MARGIN
         compared, total = compared + keep.sum(), total + len(ids)
         if not keep.any():

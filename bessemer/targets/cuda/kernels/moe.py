@@ -22,6 +22,19 @@ import triton.language as tl
 
 
 @triton.jit
+def expert_activation(gate, up, ACTIVATION: tl.constexpr):
+    """An expert's hidden activation from its gate and up projections (fp32): SwiGLU, or
+    gpt-oss's (ACTIVATION 1) clamped (up + 1) * gate * sigmoid(1.702 gate)."""
+    if ACTIVATION == 1:
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        h = (up + 1.0) * gate / (1.0 + tl.exp(-1.702 * gate))
+    else:
+        h = gate / (1.0 + tl.exp(-gate)) * up
+    return h
+
+
+@triton.jit
 def moe_route_kernel(logits_ptr, experts_ptr, weights_ptr, LOGITS_STRIDE: tl.constexpr,
                      NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, SOFTMAX_AFTER_TOPK: tl.constexpr,
                      NORM_TOPK_PROB: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -93,12 +106,7 @@ def moe_gate_up_kernel(x_ptr, experts_ptr, gate_up_ptr, gate_up_bias_ptr, h_ptr,
         bias = gate_up_bias_ptr + e * (2 * EXPERT_SIZE) + i * BIAS_ROW_STRIDE
         gate += tl.load(bias, mask=i_ok, other=0.0).to(tl.float32)
         up += tl.load(bias + BIAS_UP_OFFSET, mask=i_ok, other=0.0).to(tl.float32)
-    if ACTIVATION == 1:  # gpt-oss: clamped, (up + 1) * gate * sigmoid(1.702 gate)
-        gate = tl.minimum(gate, 7.0)
-        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
-        h = (up + 1.0) * gate / (1.0 + tl.exp(-1.702 * gate))
-    else:
-        h = gate / (1.0 + tl.exp(-gate)) * up
+    h = expert_activation(gate, up, ACTIVATION)
     tl.store(h_ptr + (t * TOP_K + j) * EXPERT_SIZE + i, h, mask=i_ok)
 
 

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from bessemer.targets.cuda.kernels.gemm_quant import int4_group_block, int4_x_planes, int8_codes
+from bessemer.targets.cuda.kernels.moe import expert_activation
 
 
 @triton.jit
@@ -177,12 +178,7 @@ def moe_gate_up_grouped_kernel(x_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_
         if HAS_BIAS:
             gate += tl.load(bias_ptr + gate_rows, mask=i_ok, other=0.0)[None, :]
             up += tl.load(bias_ptr + up_rows, mask=i_ok, other=0.0)[None, :]
-        if ACTIVATION == 1:  # gpt-oss: clamped, (up + 1) * gate * sigmoid(1.702 gate)
-            gate = tl.minimum(gate, 7.0)
-            up = tl.minimum(tl.maximum(up, -7.0), 7.0)
-            h = (up + 1.0) * gate / (1.0 + tl.exp(-1.702 * gate))
-        else:
-            h = gate / (1.0 + tl.exp(-gate)) * up
+        h = expert_activation(gate, up, ACTIVATION)
         tl.store(h_ptr + slot[:, None] * EXPERT_SIZE + i[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & i_ok[None, :])
 

@@ -172,6 +172,12 @@ void run_small_batch(const KernelCall& c, const StepContext& ctx, const MoeParam
 
 }  // namespace
 
+void expect_panel_rows(const KernelCall& c, const MoeParams& P) {
+    if ((2 * P.I) % 16 || P.H % 16)
+        kernel_error(c, "quantized experts need 2 * expert_size and the hidden size to be multiples of 16 "
+                        "(an expert's rows are whole panels); rebuild with the experts in float32");
+}
+
 void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights) {
     expect_arity(c, 2, 1, size_t(matrix_weights), size_t(matrix_weights) + 2);
     same_rows(c, p);

@@ -27,13 +27,10 @@ struct MoeFp8Params : MoeParams {
     int act_group = 0;
 };
 
-int64_t fp8_expert_rows(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? 2 * int64_t(P.I) : P.H; }
-int64_t fp8_expert_k(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? P.H : P.I; }
-
 void matmul_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
                 const float* bias, float* y, int64_t ldy, int nthreads) {
     const MoeFp8Params& P = c.get<MoeFp8Params>();
-    const int64_t N = fp8_expert_rows(P, which), K = fp8_expert_k(P, which);
+    const int64_t N = expert_rows(P, which), K = expert_k(P, which);
     const auto* q = static_cast<const uint8_t*>(c.weights[2 * which]->data) + e * N * K;
     const auto* s = static_cast<const float*>(c.weights[2 * which + 1]->data) + e * N;
     if (P.bf16_kernel)
@@ -47,17 +44,15 @@ void matmul_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, 
 void prepare_moe_fp8(KernelCall& c, const PlanInfo& p) {
     MoeFp8Params& P = c.set_params<MoeFp8Params>();
     prepare_moe_routing(c, p, P, 4);
-    if ((2 * P.I) % 16 || P.H % 16)
-        kernel_error(c, "fp8 experts need 2 * expert_size and the hidden size to be multiples of 16 "
-                        "(an expert's rows are whole panels); rebuild with the experts in float32");
+    expect_panel_rows(c, P);
     const double group = attr_or(c, "act_group", 0.0);
     if (!(group == 0.0 || group == 16 || group == 32 || group == 64 || group == 128))
         kernel_error(c, "act_group must be 16, 32, 64 or 128 (or absent), got " + std::to_string(group));
     P.act_group = int(group);
     P.bf16_kernel = p.isa == Isa::AVX512 && linear_fp8_avx512_bf16_available();
     for (ExpertMatrix which : {GATE_UP, DOWN}) {
-        const int64_t rows = P.local * fp8_expert_rows(P, which);
-        expect_weight(c, 2 * which, {DT_F8E4M3}, {LAYOUT_PANEL16}, {rows, fp8_expert_k(P, which)});
+        const int64_t rows = P.local * expert_rows(P, which);
+        expect_weight(c, 2 * which, {DT_F8E4M3}, {LAYOUT_PANEL16}, {rows, expert_k(P, which)});
         expect_weight(c, 2 * which + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {rows});
     }
 }

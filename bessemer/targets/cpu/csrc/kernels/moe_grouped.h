@@ -28,6 +28,14 @@ struct MoeParams : KernelParams {
 
 enum ExpertMatrix { GATE_UP = 0, DOWN = 1 };
 
+// One expert's (N, K) for gate_up (2I, H) and down (H, I).
+inline int64_t expert_rows(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? 2 * int64_t(P.I) : P.H; }
+inline int64_t expert_k(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? P.H : P.I; }
+
+// Experts stored in the dense kernels' panel layouts: each expert's rows must be whole panels
+// of 16, so that expert e's slice of every stored part is contiguous.
+void expect_panel_rows(const KernelCall& c, const MoeParams& P);
+
 // y (M, N) = x (M, K) @ W^T (+ bias) for expert e's `which` matrix (gate_up: N = 2I, K = H;
 // down: N = H, K = I), its rows split over nthreads.
 using ExpertMatmul = void (*)(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,

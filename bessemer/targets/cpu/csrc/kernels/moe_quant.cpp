@@ -21,15 +21,6 @@ namespace bessemer {
 
 namespace {
 
-int64_t expert_rows(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? 2 * int64_t(P.I) : P.H; }
-int64_t expert_k(const MoeParams& P, ExpertMatrix which) { return which == GATE_UP ? P.H : P.I; }
-
-void expect_panel_rows(const KernelCall& c, const MoeParams& P) {
-    if ((2 * P.I) % 16 || P.H % 16)
-        kernel_error(c, "quantized experts need 2 * expert_size and the hidden size to be multiples of 16 "
-                        "(an expert's rows are whole panels); rebuild with the experts in float32");
-}
-
 // ---------------------------------------------------------------- int8
 struct MoeW8Params : MoeParams {
     Isa isa = Isa::AVX2;
