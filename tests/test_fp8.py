@@ -136,7 +136,7 @@ def test_fp8_config_and_options():
         QuantConfig("w8a16", fp8_rounding="gptq")
     with pytest.raises(InvalidOptionError, match="--fp8-rounding must be one of nearest, gptq"):
         QuantConfig("fp8", fp8_rounding="stochastic", calib_data="x.txt")
-    with pytest.raises(InvalidOptionError, match="--act-order applies to w4a16-gptq and fp8"):
+    with pytest.raises(InvalidOptionError, match="--act-order applies to w4a16-gptq, w4k-gptq and fp8"):
         QuantConfig("fp8", fp8_rounding="nearest", act_order=True, calib_data="x.txt")
     # per-group activation scales: dynamic fp8 only, supported widths; recorded only when set
     j = QuantConfig("fp8", fp8_rounding="nearest", fp8_act_group=32).to_json()

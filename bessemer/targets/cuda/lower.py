@@ -35,7 +35,7 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # are wgmma-sized (64 / 128 rows a warpgroup). Every bucket takes K in blocks of the same
 # GEMM_BLOCK_K (or the format's cap): a row's sums over K must not depend on how many rows
 # share its step.
-GEMM_CONFIGS = ((16, 16, 64, 4, 4), (64, 64, 64, 4, 4), (None, 128, 128, 8, 3))
+GEMM_CONFIGS = ((16, 16, 64, 4, 3), (64, 64, 64, 4, 4), (None, 128, 128, 8, 3))
 GEMM_BLOCK_K = 64
 # split-K for the weight-only GEMMs' decode tiles: enough programs for two per SM of an
 # H100/H200 (132 SMs), so that every SM streams weights while few output tiles exist
