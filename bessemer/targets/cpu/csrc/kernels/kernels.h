@@ -126,5 +126,8 @@ void linear_fp8_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes,
                        bool dynamic, int act_group, int N, int K, const float* bias, float* y, int64_t ldy,
                        int nthreads);
 bool linear_fp8_avx512_bf16_available();
+// The validated attr act_group of an fp8 kernel call (0: absent): 16, 32, 64 or 128, and only
+// with dynamic per-token scales (linear_fp8@2, moe_fp8); a one-line kernel error otherwise.
+int fp8_act_group(const KernelCall& c, bool dynamic);
 
 }  // namespace bessemer

@@ -42,6 +42,14 @@ struct Fp8Params : KernelParams {
 };
 }  // namespace
 
+int fp8_act_group(const KernelCall& c, bool dynamic) {
+    const double group = attr_or(c, "act_group", 0.0);
+    if (group != 0.0 && (!dynamic || !(group == 16 || group == 32 || group == 64 || group == 128)))
+        kernel_error(c, "act_group must be 16, 32, 64 or 128 with dynamic scales (linear_fp8@2), got " +
+                            std::to_string(group) + (dynamic ? "" : " on @1"));
+    return int(group);
+}
+
 void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
     const bool dynamic = c.version >= 2;  // per-token scales: no input_scale tensor
     const int nw = dynamic ? 2 : 3;       // weights before the optional bias
@@ -58,12 +66,9 @@ void prepare_linear_fp8(KernelCall& c, const PlanInfo& p) {
     }
     if (int(c.weights.size()) == nw + 1) expect_weight(c, nw, {DT_F32}, {LAYOUT_ROW_MAJOR}, {int64_t(N)});
     if (views_overlap(c.ins[0], c.outs[0])) kernel_error(c, "input and output views overlap");
-    const double group = attr_or(c, "act_group", 0.0);
-    if (group != 0.0 && (!dynamic || !(group == 16 || group == 32 || group == 64 || group == 128)))
-        kernel_error(c, "act_group must be 16, 32, 64 or 128 with dynamic scales (linear_fp8@2), got " +
-                            std::to_string(group) + (dynamic ? "" : " on @1"));
+    const int group = fp8_act_group(c, dynamic);
     Fp8Params& a = c.set_params<Fp8Params>();
-    a.act_group = int(group);
+    a.act_group = group;
     a.N = N;
     a.K = K;
     a.bf16_kernel = linear_fp8_avx512_bf16_available();

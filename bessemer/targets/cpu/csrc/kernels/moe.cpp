@@ -178,6 +178,14 @@ void expect_panel_rows(const KernelCall& c, const MoeParams& P) {
                         "(an expert's rows are whole panels); rebuild with the experts in float32");
 }
 
+void expect_per_row_experts(const KernelCall& c, const MoeParams& P, DType codes) {
+    for (ExpertMatrix which : {GATE_UP, DOWN}) {
+        const int64_t rows = P.local * expert_rows(P, which);
+        expect_weight(c, 2 * which, {codes}, {LAYOUT_PANEL16}, {rows, expert_k(P, which)});
+        expect_weight(c, 2 * which + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {rows});
+    }
+}
+
 void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights) {
     expect_arity(c, 2, 1, size_t(matrix_weights), size_t(matrix_weights) + 2);
     same_rows(c, p);

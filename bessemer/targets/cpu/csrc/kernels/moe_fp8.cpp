@@ -45,16 +45,9 @@ void prepare_moe_fp8(KernelCall& c, const PlanInfo& p) {
     MoeFp8Params& P = c.set_params<MoeFp8Params>();
     prepare_moe_routing(c, p, P, 4);
     expect_panel_rows(c, P);
-    const double group = attr_or(c, "act_group", 0.0);
-    if (!(group == 0.0 || group == 16 || group == 32 || group == 64 || group == 128))
-        kernel_error(c, "act_group must be 16, 32, 64 or 128 (or absent), got " + std::to_string(group));
-    P.act_group = int(group);
+    P.act_group = fp8_act_group(c, true);
     P.bf16_kernel = p.isa == Isa::AVX512 && linear_fp8_avx512_bf16_available();
-    for (ExpertMatrix which : {GATE_UP, DOWN}) {
-        const int64_t rows = P.local * expert_rows(P, which);
-        expect_weight(c, 2 * which, {DT_F8E4M3}, {LAYOUT_PANEL16}, {rows, expert_k(P, which)});
-        expect_weight(c, 2 * which + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {rows});
-    }
+    expect_per_row_experts(c, P, DT_F8E4M3);
 }
 
 void run_moe_fp8(const KernelCall& c, const StepContext& ctx) {

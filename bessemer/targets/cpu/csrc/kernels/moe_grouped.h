@@ -35,6 +35,9 @@ inline int64_t expert_k(const MoeParams& P, ExpertMatrix which) { return which =
 // Experts stored in the dense kernels' panel layouts: each expert's rows must be whole panels
 // of 16, so that expert e's slice of every stored part is contiguous.
 void expect_panel_rows(const KernelCall& c, const MoeParams& P);
+// Weights 0-3 as gate_up and down codes of `codes` (one byte each, panel16, (local * N, K))
+// with a float32 scale per row: int8 (moe_w8a16) and E4M3 (moe_fp8) experts.
+void expect_per_row_experts(const KernelCall& c, const MoeParams& P, DType codes);
 
 // y (M, N) = x (M, K) @ W^T (+ bias) for expert e's `which` matrix (gate_up: N = 2I, K = H;
 // down: N = H, K = I), its rows split over nthreads.

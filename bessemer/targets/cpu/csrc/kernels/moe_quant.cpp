@@ -127,11 +127,7 @@ void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
     prepare_moe_routing(c, p, P, 4);
     expect_panel_rows(c, P);
     P.isa = p.isa;
-    for (ExpertMatrix which : {GATE_UP, DOWN}) {
-        const int64_t rows = P.local * expert_rows(P, which);
-        expect_weight(c, 2 * which, {DT_I8}, {LAYOUT_PANEL16}, {rows, expert_k(P, which)});
-        expect_weight(c, 2 * which + 1, {DT_F32}, {LAYOUT_ROW_MAJOR}, {rows});
-    }
+    expect_per_row_experts(c, P, DT_I8);
 }
 
 void run_moe_w8a16(const KernelCall& c, const StepContext& ctx) {
