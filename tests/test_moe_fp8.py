@@ -15,8 +15,8 @@ from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.llm import LLM
 import tolerances as tol
 from conftest import _hf_model
-from test_kernels import ISAS, assert_close, emb_step, load, make_plan, run_flat, step
-from test_moe_quant import PROMPTS, _plan_ops, _stored
+from test_kernels import ISAS, assert_close
+from test_moe_quant import E_KERNEL, K_KERNEL, PROMPTS, _plan_ops, run_expert_kernel
 
 # round to nearest and per-token scales: nothing to calibrate; lm_head in fp32 (the int8
 # lm_head has its own tests), so the oracle below is the whole model
@@ -46,41 +46,20 @@ def test_fp8_expert_kernel_matches_reference(tmp_path, isa, layout, act_group):
     as its max and (-7 + 1) * 7 * sigmoid(11.9) puts the latter exactly on an E4M3 tie (-336,
     midway between -320 and -352) that either side's last fp32 bit breaks its own way (the
     clamp itself: test_moe_quant's kernel test, on exact inputs)."""
-    from bessemer.format.container import TensorEntry, write_rank_file
-    from bessemer.format.layouts import encode
     from bessemer.plugins import ops
     from bessemer.quantization.formats import ExpertStack, Fp8E4M3
 
-    rng = np.random.default_rng(11)
-    H, I, E, k, V = 64, 88, 4, 2, 24
-    attrs = {"num_experts": E, "top_k": k, "expert_size": I, "softmax_after_topk": layout, "norm_topk_prob": 1 - layout,
-             "layout": layout, "activation": layout}
-    shapes = ops.moe_weight_shapes(attrs, H)[:4 if layout else 2]
-    ws = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in shapes]
-    entries, values = [], []
-    for name, w in zip(("gu", "d"), ws[:2]):
-        e, v = _stored(name, w, ExpertStack(Fp8E4M3(dynamic=True, act_group=act_group), E, layout == 1))
-        entries += e
-        values.append(v)
-    assert [e.dtype for e in entries] == ["float8_e4m3", "float32"] * 2
-    floats = {"emb": (rng.standard_normal((V, H + E)) * 2).astype(np.float32), **dict(zip(("gub", "db"), ws[2:]))}
-    entries += [TensorEntry(n, "float32", "row_major", a.shape, (lambda a=a: encode(a, "float32", "row_major")))
-                for n, a in floats.items()]
-    names = ["gu", "gu.scales", "d", "d.scales"] + ["gub", "db"][:len(ws) - 2]
-    plan = make_plan([(H + E, "tokens"), (H, "tokens")],
-                     [emb_step([0, 0, H + E]), step("moe_fp8", [[0, 0, H], [0, H, E]], [[1, 0, H]], names,
-                                                    dict(attrs, **({"act_group": act_group} if act_group else {})))],
-                     [1, 0, H], H)
-    path = tmp_path / "k.engine"
-    write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
-    tokens = rng.integers(0, V, 150)
-    out = run_flat(load(path, isa=isa)[1], tokens)
-    x = floats["emb"][tokens]
-    ref = ops.ref_moe(x[:, :H], x[:, H:], values + ws[2:], E, k, I, layout, 1 - layout, layout, layout,
+    I = 88
+    run = run_expert_kernel(tmp_path, isa, layout, I, 0.1, 11,
+                            lambda w: ExpertStack(Fp8E4M3(dynamic=True, act_group=act_group), E_KERNEL, layout == 1),
+                            "moe_fp8", {"act_group": act_group} if act_group else {})
+    assert run.dtypes == ["float8_e4m3", "float32"] * 2
+    x, H, out = run.x, run.hidden, run.out
+    ref = ops.ref_moe(x[:, :H], x[:, H:], run.weights, E_KERNEL, K_KERNEL, I, layout, 1 - layout, layout, layout,
                       matmul_input=lambda a: _per_token_e4m3(a, act_group))
     assert_close(out, ref, tol.FP8_MOE_RTOL, tol.MOE_ATOL, f"moe_fp8 {isa}")
     # and far from the same experts without the activation rounding: the test sees the E4M3 step
-    plain = ops.ref_moe(x[:, :H], x[:, H:], values + ws[2:], E, k, I, layout, 1 - layout, layout, layout)
+    plain = ops.ref_moe(x[:, :H], x[:, H:], run.weights, E_KERNEL, K_KERNEL, I, layout, 1 - layout, layout, layout)
     assert np.abs(out - plain).max() > 20 * np.abs(out - ref).max()
 
 

@@ -5,6 +5,7 @@ inputs the kernel reads). Oracle: tests/test_quantization.py's fake quantization
 dense linears plus fake_quantize_experts here; tolerances from tests/tolerances.py."""
 
 import copy
+from dataclasses import dataclass
 import json
 
 import numpy as np
@@ -60,6 +61,55 @@ def _stored(name: str, w: np.ndarray, fmt):
 KERNEL_CASES = [("w8", 0), ("w8", 1), ("w4", 0), ("w4zp", 1), ("mxfp4", 1)]
 
 
+E_KERNEL, K_KERNEL = 4, 2  # experts and top-k of the expert kernel tests
+
+
+@dataclass
+class ExpertKernelRun:
+    out: np.ndarray  # (150, hidden) the kernel's output
+    x: np.ndarray  # (150, hidden + experts) its input rows: hidden states | router logits
+    weights: list  # the stored experts' values (gate_up, down) and the biases, for ops.ref_moe
+    dtypes: list  # the stored entries' dtypes
+    hidden: int
+
+
+def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int, fmt_for, op: str,
+                      attrs: dict | None = None) -> ExpertKernelRun:
+    """A plan of one embedding (hidden 64 | 4 router logits) and one `op` step over 4 random
+    experts (top 2, expert size I, weights N(0, std), layout 0 Mixtral-like or 1 gpt-oss-like
+    with biases) stored as fmt_for(weight), run on 150 tokens: more than one 64-token chunk
+    for each expert."""
+    from bessemer.format.container import TensorEntry, write_rank_file
+    from bessemer.format.layouts import encode
+    from bessemer.plugins import ops
+
+    rng = np.random.default_rng(seed)
+    H, E, V = 64, E_KERNEL, 24
+    base = {"num_experts": E, "top_k": K_KERNEL, "expert_size": I, "softmax_after_topk": layout,
+            "norm_topk_prob": 1 - layout, "layout": layout, "activation": layout}
+    shapes = ops.moe_weight_shapes(base, H)[:4 if layout else 2]
+    ws = [(rng.standard_normal(s) * std).astype(np.float32) for s in shapes]
+    entries, values = [], []
+    for name, w in zip(("gu", "d"), ws[:2]):
+        e, v = _stored(name, w, fmt_for(w))
+        entries += e
+        values.append(v)
+    dtypes = [e.dtype for e in entries]
+    floats = {"emb": (rng.standard_normal((V, H + E)) * 2).astype(np.float32), **dict(zip(("gub", "db"), ws[2:]))}
+    entries += [TensorEntry(n, "float32", "row_major", a.shape, (lambda a=a: encode(a, "float32", "row_major")))
+                for n, a in floats.items()]
+    names = [e.name for e in entries if e.name not in ("emb", "gub", "db")] + ["gub", "db"][:len(ws) - 2]
+    plan = make_plan([(H + E, "tokens"), (H, "tokens")],
+                     [emb_step([0, 0, H + E]), step(op, [[0, 0, H], [0, H, E]], [[1, 0, H]], names,
+                                                    dict(base, **(attrs or {})), 1)],
+                     [1, 0, H], H)
+    path = tmp_path / "k.engine"
+    write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
+    tokens = rng.integers(0, V, 150)
+    out = run_flat(load(path, isa=isa)[1], tokens)
+    return ExpertKernelRun(out, floats["emb"][tokens], values + ws[2:], dtypes, H)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind,layout", KERNEL_CASES, ids=[f"{k}-layout{lay}" for k, lay in KERNEL_CASES])
 def test_expert_kernel_matches_reference(tmp_path, isa, kind, layout):
@@ -67,43 +117,19 @@ def test_expert_kernel_matches_reference(tmp_path, isa, kind, layout):
     experts stand for (w4a16: on bf16-rounded matmul inputs, as the kernel reads them); 150
     tokens over 4 experts give each expert more than one 64-token chunk. MXFP4 needs K in
     blocks of 32, so its expert size is 32."""
-    from bessemer.format.container import TensorEntry, write_rank_file
-    from bessemer.format.layouts import encode
     from bessemer.plugins import ops
 
-    rng = np.random.default_rng(7)
     # I = 88 as the tiny Mixtral's: down's K is not a multiple of 16 (int4: one group of 88)
-    H, I, E, k, V = 64, (32 if kind == "mxfp4" else 88), 4, 2, 24
-    attrs = {"num_experts": E, "top_k": k, "expert_size": I, "softmax_after_topk": layout, "norm_topk_prob": 1 - layout,
-             "layout": layout, "activation": layout}
-    shapes = ops.moe_weight_shapes(attrs, H)[:4 if layout else 2]
-    ws = [(rng.standard_normal(s) * 0.3).astype(np.float32) for s in shapes]
-    entries, values = [], []
-    for name, w in zip(("gu", "d"), ws[:2]):
-        fmt = _expert_format(kind, layout, E, w.shape[1])
-        e, v = _stored(name, w, fmt)
-        entries += e
-        values.append(v)
-    floats = {"emb": (rng.standard_normal((V, H + E)) * 2).astype(np.float32), **dict(zip(("gub", "db"), ws[2:]))}
-    entries += [TensorEntry(n, "float32", "row_major", a.shape, (lambda a=a: encode(a, "float32", "row_major")))
-                for n, a in floats.items()]
-    op, version = {"w8": ("moe_w8a16", 1), "w4": ("moe_w4a16", 1), "w4zp": ("moe_w4a16", 1),
-                   "mxfp4": ("moe_mxfp4", 1)}[kind]
-    names = [e.name for e in entries if e.name not in ("emb", "gub", "db")] + ["gub", "db"][:len(ws) - 2]
-    plan = make_plan([(H + E, "tokens"), (H, "tokens")],
-                     [emb_step([0, 0, H + E]), step(op, [[0, 0, H], [0, H, E]], [[1, 0, H]], names,
-                                                    dict(attrs, zero_point=int(kind == "w4zp")), version)],
-                     [1, 0, H], H)
-    path = tmp_path / "k.engine"
-    write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
-    tokens = rng.integers(0, V, 150)
-    out = run_flat(load(path, isa=isa)[1], tokens)
-    x = floats["emb"][tokens]
+    I = 32 if kind == "mxfp4" else 88
+    op = {"w8": "moe_w8a16", "w4": "moe_w4a16", "w4zp": "moe_w4a16", "mxfp4": "moe_mxfp4"}[kind]
+    run = run_expert_kernel(tmp_path, isa, layout, I, 0.3, 7, lambda w: _expert_format(kind, layout, E_KERNEL, w.shape[1]),
+                            op, {"zero_point": int(kind == "w4zp")})
+    x, H = run.x, run.hidden
     rounding = (lambda a: a.astype(np.float32).astype(np.float64)) if not kind.startswith("w4") else \
         (lambda a: bf16_round(a.astype(np.float32)).astype(np.float64))
-    ref = ops.ref_moe(x[:, :H], x[:, H:], values + ws[2:], E, k, I, layout, 1 - layout, layout, layout,
+    ref = ops.ref_moe(x[:, :H], x[:, H:], run.weights, E_KERNEL, K_KERNEL, I, layout, 1 - layout, layout, layout,
                       matmul_input=rounding)
-    assert_close(out, ref, tol.W4_BF16_RTOL if kind.startswith("w4") else tol.MOE_RTOL,
+    assert_close(run.out, ref, tol.W4_BF16_RTOL if kind.startswith("w4") else tol.MOE_RTOL,
                  tol.W4_BF16_ATOL if kind.startswith("w4") else tol.MOE_ATOL, op)
 
 
