@@ -1,10 +1,12 @@
 """The quantized expert kernels (kernels/moe_grouped.py) compiled for sm_90a at a
 Qwen3-30B-A3B-like routing (128 experts, top-8) as the cuda lowering instantiates them for
---quant w8a16 and w4a16 (symmetric and asymmetric), and for gpt-oss's MXFP4 experts as shipped
+--quant w8a16, w4a16 (symmetric and asymmetric) and fp8 (E4M3 codes, per-token E4M3
+activations), and for gpt-oss's MXFP4 experts as shipped
 (128 experts, top-4), each cubin checked without a GPU as
 tests/test_cuda_smollm2.py checks an engine's: ELF arch, parameter table equal to the
 metadata, .reqntid = 32 x num_warps, no register spills; and the grouped GEMMs' dots on
-tensor cores (HMMA: 16-row mma.sync tiles). Only the moe launches are compiled (the rest of
+tensor cores (HMMA: 16-row mma.sync tiles; E4M3 x E4M3 too, which Triton runs on sm_90 as fp16
+mma.sync on the widened codes, exact). Only the moe launches are compiled (the rest of
 the plan is the dense kernels the other cubin tests check)."""
 
 from pathlib import Path
@@ -43,12 +45,14 @@ def test_grouped_expert_cubins_pass_the_checks(tmp_path, kernel_cache):
     gpt_oss = make_tiny_checkpoint("gpt-oss", tmp_path / "gpt-oss", num_local_experts=128, num_experts_per_tok=4)
     specs = grouped_specs(_mxfp4_checkpoints(gpt_oss, tmp_path)[0], None)  # MXFP4 as shipped
     for quant in (QuantConfig("w8a16"), QuantConfig("w4a16", group_size=32),
-                  QuantConfig("w4a16", group_size=32, zero_point=True)):
+                  QuantConfig("w4a16", group_size=32, zero_point=True),
+                  QuantConfig("fp8", fp8_rounding="nearest", fp8_activations="dynamic")):
         specs += [s for s in grouped_specs(qwen, quant) if s not in specs]
-    codes = {(s.function, dict(s.constexprs).get("BITS"), dict(s.constexprs).get("MXFP4"),
-              dict(s.constexprs).get("SYMMETRIC")) for s in specs if s.function in GROUPED_GEMMS}
-    assert codes == {(f, bits, mx, sym) for f in GROUPED_GEMMS
-                     for bits, mx, sym in ((8, False, True), (4, False, True), (4, False, False), (4, True, True))}
+    codes = {tuple(dict(s.constexprs).get(c) for c in ("BITS", "MXFP4", "FP8", "SYMMETRIC")) + (s.function,)
+             for s in specs if s.function in GROUPED_GEMMS}
+    assert codes == {(*code, f) for f in GROUPED_GEMMS for code in (
+        (8, False, False, True), (4, False, False, True), (4, False, False, False), (4, True, False, True),
+        (8, False, True, True))}
     assert {dict(s.constexprs).get("BLOCK_E") for s in specs} - {None} == {128}
     kernels, _ = compile_kernels(specs, "sm_90", Path(kernel_cache))
     for spec, kernel in zip(specs, kernels):
@@ -56,7 +60,8 @@ def test_grouped_expert_cubins_pass_the_checks(tmp_path, kernel_cache):
         assert check_kernel(kernel.cubin, entry, "sm_90a") == [], (spec.function, dict(spec.constexprs))
         assert read_cubin(kernel.cubin).reqntid == (32 * entry["num_warps"], 1, 1)
         assert entry["ptxas"]["spill_store_bytes"] == 0, (spec.function, entry["ptxas"])
-        print(spec.function, {k: v for k, v in spec.constexprs if k in ("BITS", "MXFP4", "SYMMETRIC", "BLOCK_K")},
+        shown = ("BITS", "MXFP4", "FP8", "SYMMETRIC", "BLOCK_K")
+        print(spec.function, {k: v for k, v in spec.constexprs if k in shown},
               f"{entry['ptxas']['registers']} registers", tensor_core_counts(kernel.cubin))
         if spec.function in GROUPED_GEMMS:
             assert "HMMA" in tensor_core_counts(kernel.cubin), (spec.function, dict(spec.constexprs))

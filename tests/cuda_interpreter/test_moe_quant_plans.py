@@ -1,14 +1,15 @@
 """Quantized experts on the cuda target (issue 34): tiny MoE models built with --target cuda
---quant w8a16 / w4a16 keep their experts quantized (ExpertStack codes read by the grouped
+--quant w8a16 / w4a16 / fp8 keep their experts quantized (ExpertStack codes read by the grouped
 expert GEMMs of kernels/moe_grouped.py, never float copies) and their whole launch list, run
 by the Triton interpreter through LLM, matches HF on the same fake-quantized weights.
 
 Oracle: HF fp32 whose linears and experts hold the formats' dequantize(quantize(w)) (each
-expert's output rows quantized as the builder does). Bound: CUDA_BF16_ERROR_RATIO times HF
-bf16's error on those weights (the engine's activations are bf16), at positions away from a
-routing near-tie (MOE_ROUTING_TIE_MARGIN on the fake-quantized model's router logits), as
-test_plans.py does for float experts. And gpt-oss's MXFP4 experts kept as shipped (no
---quant) against HF on the same dequantized weights."""
+expert's output rows quantized as the builder does); fp8 also rounds every linear's and
+expert matmul's input to E4M3 per token (test_moe_fp8.fake_quantize_fp8). Bound:
+CUDA_BF16_ERROR_RATIO times HF bf16's error on those weights (the engine's activations are
+bf16), at positions away from a routing near-tie (MOE_ROUTING_TIE_MARGIN on the
+fake-quantized model's router logits), as test_plans.py does for float experts. And gpt-oss's
+MXFP4 experts kept as shipped (no --quant) against HF on the same dequantized weights."""
 
 import copy
 import json
@@ -19,6 +20,7 @@ import pytest
 from interp_support import torch
 
 from conftest import _hf_model, router_margin
+from test_moe_fp8 import FP8, fake_quantize_fp8
 from tolerances import CUDA_BF16_ERROR_RATIO, MOE_ROUTING_TIE_MARGIN
 
 from bessemer.builder.build import build_engine
@@ -58,7 +60,9 @@ CASES = [  # (family, mode): int8 experts whose K (88) is no multiple of the K b
     # [gate; up] rows; int4 groups of 32 on gpt-oss's interleaved experts with biases
     ("mixtral", QuantConfig("w8a16", lm_head="none")),
     ("gpt-oss", QuantConfig("w4a16", group_size=32, lm_head="none")),
+    ("qwen3-moe", FP8),  # E4M3 experts, dynamic per-token activation scales
 ]
+EXPERT_CODES = {"w8a16": "int8", "w4a16": "int4", "fp8": "float8_e4m3"}
 
 
 @pytest.mark.parametrize("kind,quant", CASES, ids=[f"{k}-{q.mode}" for k, q in CASES])
@@ -69,15 +73,19 @@ def test_quantized_experts_cuda_plan_matches_fake_quantized_hf(kind, quant, tiny
     functions = {k["function"] for k in header["kernels"]}
     assert {"moe_sort_kernel", "moe_gate_up_grouped_kernel", "moe_down_grouped_kernel"} <= functions
     assert "moe_gate_up_kernel" not in functions  # no expert stored in floating point
+    grouped = [k for k in header["kernels"] if k["function"] == "moe_gate_up_grouped_kernel"]
+    assert all(k["constexprs"]["FP8"] == (quant.mode == "fp8") for k in grouped)
     codes = {t["name"]: dtype_name(t["dtype"]) for t in header["tensors"]
              if t["name"].endswith(("experts.gate_up_proj", "experts.down_proj", "experts.gate_up_proj.weight",
                                     "experts.down_proj.weight"))}
-    assert codes and set(codes.values()) == {"int8" if quant.bits == 8 else "int4"}, codes
+    assert codes and set(codes.values()) == {EXPERT_CODES[quant.mode]}, codes
     report = json.loads((engine / "build_report.json").read_text())
     experts = {k: v for k, v in report["quant_error"].items() if ".experts." in k}
     assert experts and all(v["algorithm"] == "rtn" for v in experts.values())
 
-    _assert_logits_match(engine, _fake_quantized_hf(ckpt, quant), f"{kind} {quant.mode}")
+    oracle = (fake_quantize_fp8(copy.deepcopy(_hf_model(str(ckpt), "float32"))) if quant.mode == "fp8"
+              else _fake_quantized_hf(ckpt, quant))
+    _assert_logits_match(engine, oracle, f"{kind} {quant.mode}")
 
 
 def test_mxfp4_experts_cuda_plan_matches_hf(tiny_checkpoint, tmp_path):

@@ -52,7 +52,9 @@ FORMAT_SAMPLES = {
     W8A8: ((W8A8(smooth=False), (64, 128)), (W8A8(smooth=True), (64, 128))),
     Fp8E4M3: ((Fp8E4M3(dynamic=True), (64, 128)), (Fp8E4M3(dynamic=False), (64, 128))),
     ExpertStack: ((ExpertStack(Int8PerChannel(), 4), (4 * 64, 128)),
-                  (ExpertStack(Int4Group(32, True), 4, input_major=True), (4, 128, 64))),
+                  (ExpertStack(Int4Group(32, True), 4, input_major=True), (4, 128, 64)),
+                  (ExpertStack(Fp8E4M3(dynamic=True), 4), (4 * 64, 128)),
+                  (ExpertStack(Fp8E4M3(dynamic=True, act_group=32), 4), (4 * 64, 128))),
     Mxfp4Experts: ((Mxfp4Experts(), (4, 128, 64)),),
 }
 

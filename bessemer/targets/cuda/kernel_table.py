@@ -55,26 +55,32 @@ def _experts(fmt: ExpertStack, shape) -> QuantKernel:
     inner = fmt.inner
     if isinstance(inner, Int8PerChannel):
         return QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OFFSETS,
-                           dict(BITS=8, MXFP4=False, GROUP=0, SYMMETRIC=True), (64, 64))
+                           dict(BITS=8, MXFP4=False, FP8=False, GROUP=0, SYMMETRIC=True), (64, 64))
+    if isinstance(inner, Fp8E4M3):
+        if not inner.dynamic or inner.act_group:  # expert_format never stores these
+            raise InvalidOptionError(f"experts stored as {inner.describe()} have no cuda kernel (it scales expert "
+                                     "activations per token only); use --quant fp8 without --fp8-act-group")
+        return QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OFFSETS,
+                           dict(BITS=8, MXFP4=False, FP8=True, GROUP=0, SYMMETRIC=True), (64, 64))
     if type(inner) is not Int4Group:
-        raise InvalidOptionError(f"experts stored as {inner.describe()} have no cuda kernel; use --quant w8a16 "
-                                 "or w4a16")
+        raise InvalidOptionError(f"experts stored as {inner.describe()} have no cuda kernel; use --quant w8a16, "
+                                 "w4a16 or fp8")
     dense = _gemm_w4(inner, rows)  # the same 4-bit groups as a linear's: multiples of 32
     return QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", dense.parts,
-                       dict(BITS=4, MXFP4=False, GROUP=inner.group_size, SYMMETRIC=not inner.zero_point),
+                       dict(BITS=4, MXFP4=False, FP8=False, GROUP=inner.group_size, SYMMETRIC=not inner.zero_point),
                        (64, min(64, inner.group_size)))
 
 
 # gpt-oss's experts as shipped (no --quant): E2M1 codes and E8M0 scales per 32 of K, read by
 # the same grouped GEMMs (K blocks of 32: one scale each)
 _MXFP4_EXPERTS = QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OFFSETS,
-                             dict(BITS=4, MXFP4=True, GROUP=32, SYMMETRIC=True), (64, 32))
+                             dict(BITS=4, MXFP4=True, FP8=False, GROUP=32, SYMMETRIC=True), (64, 32))
 
 
 # (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
 # Weight-only int8 / int4 codes: kernels/gemm_quant.py; fp8: kernels/gemm_fp8.py; a tied
 # embedding table quantized with lm_head: gathered by embedding_w8_kernel from the same parts;
-# a moe node's int8 / int4 / MXFP4 experts: the grouped expert GEMMs of kernels/moe_grouped.py.
+# a moe node's int8 / int4 / E4M3 / MXFP4 experts: the grouped expert GEMMs of kernels/moe_grouped.py.
 QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "gemm_w8_kernel", _CODES_AND_SCALES,
                                                                max_block=(128, 64)),

@@ -1,8 +1,8 @@
 """Quantized mixture of experts (moe@1 with ExpertStack experts: int8 per channel, int4 per
-group; or Mxfp4Experts, gpt-oss's as shipped; plugins/ops.ref_moe on the dequantized values is
-the reference): the step's tokens
-grouped by routed expert, then one GEMM per active expert over its tokens, so an expert's
-codes are read once per N tile for all the tokens routed to it, never per token.
+group, E4M3 per channel as moe_fp8@1; or Mxfp4Experts, gpt-oss's as shipped; plugins/ops.ref_moe
+on the dequantized values is the reference): the step's tokens grouped by routed expert, then
+one GEMM per active expert over its tokens, so an expert's codes are read once per N tile for
+all the tokens routed to it, never per token.
 
 After moe.moe_route_kernel (experts, weights [T, TOP_K]), four launches:
 1. moe_sort_kernel, one program: the T * TOP_K routed slots (slot = t * TOP_K + j) sorted by
@@ -28,12 +28,18 @@ row-major): gate_up rows e * 2I + i * ROW_STRIDE (gate) and UP_OFFSET further (u
 [gate; up] blocks (ROW_STRIDE 1, UP_OFFSET I) or gpt-oss's interleaved pairs (2, 1); down rows
 e * H + n. The int8 / int4 dequantizing steps are the dense quantized GEMMs'
 (kernels/gemm_quant.py). MXFP4 (MXFP4=True): the same rows, E2M1 codes two a byte (k even
-low) and one E8M0 scale byte per 32 of K.
+low) and one E8M0 scale byte per 32 of K. fp8 (FP8=True, BITS=8): E4M3 codes and an fp32
+scale per row; each matmul input row (x[t] for gate/up, h[slot] for down) is scaled by its
+own max |row| / 448 and rounded to E4M3 (kernels/fp8_activations.py, as the dense fp8 GEMM
+and the cpu's moe_fp8 do), and the dot is E4M3 x E4M3 with fp32 accumulation (on sm_90's
+16-row mma.sync tiles Triton widens both operands to fp16, which holds every E4M3 value
+exactly: the same products).
 """
 
 import triton
 import triton.language as tl
 
+from bessemer.targets.cuda.kernels.fp8_activations import e4m3_row_scales, e4m3_rows
 from bessemer.targets.cuda.kernels.gemm_quant import int4_group_block, int4_x_planes, int8_codes
 from bessemer.targets.cuda.kernels.moe import expert_activation
 
@@ -115,12 +121,23 @@ def _mxfp4_block(acc, x_even, x_odd, w_cols, s_cols, n_ok, k0, j, K: tl.constexp
 
 
 @triton.jit
-def _expert_dot(acc, x_rows, r_ok, codes_ptr, scales_ptr, offsets_ptr, w_rows, n_ok, K: tl.constexpr,
-                BITS: tl.constexpr, MXFP4: tl.constexpr, GROUP: tl.constexpr, SYMMETRIC: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+def _row_scales(x_rows, r_ok, K: tl.constexpr, FP8: tl.constexpr, BLOCK_K: tl.constexpr):
+    """E4M3 experts: each x row's E4M3 scale [BLOCK_M] (read by both of gate/up's dots);
+    other formats: ones, unused."""
+    if FP8:
+        s_x = e4m3_row_scales(x_rows, r_ok, K, BLOCK_K)
+    else:
+        s_x = tl.full(r_ok.shape, 1.0, tl.float32)
+    return s_x
+
+
+@triton.jit
+def _expert_dot(acc, x_rows, r_ok, s_x, codes_ptr, scales_ptr, offsets_ptr, w_rows, n_ok, K: tl.constexpr,
+                BITS: tl.constexpr, MXFP4: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
+                SYMMETRIC: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] + x W^T over all of K for the stored rows w_rows ([BLOCK_N],
     int64) of an ExpertStack or Mxfp4Experts: x rows at x_rows ([BLOCK_M, 1] pointers,
-    activation dtype)."""
+    activation dtype), s_x their _row_scales."""
     if MXFP4:  # BLOCK_K = 32: one scale per row and block
         j = tl.arange(0, 16)
         w_cols = codes_ptr + w_rows[None, :] * (K // 2)
@@ -128,14 +145,19 @@ def _expert_dot(acc, x_rows, r_ok, codes_ptr, scales_ptr, offsets_ptr, w_rows, n
         for k0 in range(0, K, 32):
             x_even, x_odd = int4_x_planes(x_rows, r_ok, k0, j, K)
             acc = _mxfp4_block(acc, x_even, x_odd, w_cols, s_cols, n_ok, k0, j, K)
-    elif BITS == 8:
+    elif BITS == 8:  # a code a byte and a scale per row: int8, or E4M3 (FP8)
         w_cols = codes_ptr + w_rows[None, :] * K
         part = tl.zeros(acc.shape, tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(x_rows + k[None, :], mask=r_ok[:, None] & (k[None, :] < K), other=0.0)
-            part = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), part)
-        acc += part * tl.load(scales_ptr + w_rows, mask=n_ok, other=0.0)[None, :]
+            if FP8:  # E4M3 x E4M3 (on a wgmma tile its partial sums join fp32 every K block)
+                b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0.0)
+                part = tl.dot(e4m3_rows(a, s_x), b, part, max_num_imprecise_acc=BLOCK_K)
+            else:
+                part = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), part)
+        # s_x: each row's E4M3 scale, or ones (exact) for int8
+        acc += part * (s_x[:, None] * tl.load(scales_ptr + w_rows, mask=n_ok, other=0.0)[None, :])
     else:
         HALF: tl.constexpr = BLOCK_K // 2
         j = tl.arange(0, HALF)
@@ -153,8 +175,8 @@ def moe_gate_up_grouped_kernel(x_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_
                                X_STRIDE: tl.constexpr, HIDDEN: tl.constexpr, EXPERT_SIZE: tl.constexpr,
                                TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr, ROW_STRIDE: tl.constexpr,
                                UP_OFFSET: tl.constexpr, BITS: tl.constexpr, MXFP4: tl.constexpr,
-                               GROUP: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               ACTIVATION: tl.constexpr,
+                               FP8: tl.constexpr, GROUP: tl.constexpr, SYMMETRIC: tl.constexpr,
+                               HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                BLOCK_E: tl.constexpr):
     """x: (T, HIDDEN) activations; codes / scales / offsets: gate_up's stored parts
@@ -171,10 +193,11 @@ def moe_gate_up_grouped_kernel(x_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_
         gate_rows = expert.to(tl.int64) * (2 * EXPERT_SIZE) + i * ROW_STRIDE
         up_rows = gate_rows + UP_OFFSET
         zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        gate = _expert_dot(zero, x_rows, r_ok, codes_ptr, scales_ptr, offsets_ptr, gate_rows, i_ok, HIDDEN, BITS,
-                           MXFP4, GROUP, SYMMETRIC, BLOCK_K)
-        up = _expert_dot(zero, x_rows, r_ok, codes_ptr, scales_ptr, offsets_ptr, up_rows, i_ok, HIDDEN, BITS,
-                         MXFP4, GROUP, SYMMETRIC, BLOCK_K)
+        s_x = _row_scales(x_rows, r_ok, HIDDEN, FP8, BLOCK_K)
+        gate = _expert_dot(zero, x_rows, r_ok, s_x, codes_ptr, scales_ptr, offsets_ptr, gate_rows, i_ok, HIDDEN, BITS,
+                           MXFP4, FP8, GROUP, SYMMETRIC, BLOCK_K)
+        up = _expert_dot(zero, x_rows, r_ok, s_x, codes_ptr, scales_ptr, offsets_ptr, up_rows, i_ok, HIDDEN, BITS,
+                         MXFP4, FP8, GROUP, SYMMETRIC, BLOCK_K)
         if HAS_BIAS:
             gate += tl.load(bias_ptr + gate_rows, mask=i_ok, other=0.0)[None, :]
             up += tl.load(bias_ptr + up_rows, mask=i_ok, other=0.0)[None, :]
@@ -186,7 +209,7 @@ def moe_gate_up_grouped_kernel(x_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_
 @triton.jit
 def moe_down_grouped_kernel(h_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, out_ptr,
                             HIDDEN: tl.constexpr, EXPERT_SIZE: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                            BITS: tl.constexpr, MXFP4: tl.constexpr, GROUP: tl.constexpr,
+                            BITS: tl.constexpr, MXFP4: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
                             SYMMETRIC: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
     """h: (T * TOP_K, EXPERT_SIZE) by slot; codes / scales / offsets: down's stored parts
@@ -199,9 +222,10 @@ def moe_down_grouped_kernel(h_ptr, sorted_ptr, starts_ptr, codes_ptr, scales_ptr
         expert, rows, r_ok = _tile_rows(tile, start, end, tiles, tile_end, BLOCK_M, BLOCK_E)
         slot = tl.load(sorted_ptr + rows, mask=r_ok, other=0).to(tl.int64)
         w_rows = expert.to(tl.int64) * HIDDEN + n
-        y = _expert_dot(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), h_ptr + slot[:, None] * EXPERT_SIZE, r_ok,
-                        codes_ptr, scales_ptr, offsets_ptr, w_rows, n_ok, EXPERT_SIZE, BITS, MXFP4, GROUP,
-                        SYMMETRIC, BLOCK_K)
+        h_rows = h_ptr + slot[:, None] * EXPERT_SIZE
+        s_h = _row_scales(h_rows, r_ok, EXPERT_SIZE, FP8, BLOCK_K)
+        y = _expert_dot(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), h_rows, r_ok, s_h, codes_ptr, scales_ptr,
+                        offsets_ptr, w_rows, n_ok, EXPERT_SIZE, BITS, MXFP4, FP8, GROUP, SYMMETRIC, BLOCK_K)
         if HAS_BIAS:
             y += tl.load(bias_ptr + w_rows, mask=n_ok, other=0.0)[None, :]
         tl.store(out_ptr + slot[:, None] * HIDDEN + n[None, :], y, mask=r_ok[:, None] & n_ok[None, :])
