@@ -3,6 +3,7 @@ forever or gave a wrong answer now get one `error:` line naming the problem and 
 a non-zero exit, and no half-written output."""
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import replace
@@ -104,10 +105,15 @@ def test_run_engine_refuses_text_files_it_cannot_read(tiny_engine, tmp_path, fla
     assert_clean_error(proc, flag, needle)
 
 
-def test_draft_engine_that_is_a_cuda_engine_is_refused(tiny_engine, cuda_engine):
-    """Was: AttributeError: 'CudaTarget' object has no attribute 'create_executor'."""
-    proc = run("run-engine", str(tiny_engine("qwen2")), "--prompt", "x", "--draft-engine", str(cuda_engine("qwen2")))
-    assert_clean_error(proc, "draft engine", "is a cuda engine", "--target cpu")
+def test_a_cuda_draft_engine_without_a_driver_names_the_draft_and_the_driver(tiny_engine, cuda_engine, tmp_path):
+    """Was: AttributeError: 'CudaTarget' object has no attribute 'create_executor'. A cuda
+    draft now opens its own target's executor (tests/cuda_interpreter/test_speculative_draft.py
+    runs one): without a CUDA driver that fails at start, naming the draft engine."""
+    draft = cuda_engine("qwen2")
+    env = dict(os.environ, BESSEMER_LIBCUDA=str(tmp_path / "no-driver" / "libcuda.so.1"))
+    proc = subprocess.run(["run-engine", str(tiny_engine("qwen2")), "--prompt", "x", "--draft-engine", str(draft)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert_clean_error(proc, f"draft engine {draft}", "no CUDA driver")
 
 
 # ---- a damaged engine config.json ----

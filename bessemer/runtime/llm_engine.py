@@ -71,13 +71,14 @@ class LLMEngine:
                                         self.output_processor.eos_ids, options.constraint_limits)
         self.proposer = None
         if self.speculative is not None:
-            self.proposer = make_proposer(self.speculative, self, kv_cache_gib=options.kv_cache_gib, isa=options.isa,
-                                          verify_checksum=options.verify_checksum)
+            self.proposer = make_proposer(self.speculative, self, options)
 
     def close(self) -> None:
         """Stops the worker ranks of a tensor-parallel engine now (they also stop when the
         engine is garbage-collected or the process exits)."""
         self.executor.close()
+        if self.proposer is not None:
+            self.proposer.close()
         self.sampling_step.close()
         self.grammars.close()
 

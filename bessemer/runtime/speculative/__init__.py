@@ -13,12 +13,13 @@ from bessemer.runtime.speculative.config import SpeculativeConfig
 __all__ = ["SpeculativeConfig", "make_proposer"]
 
 
-def make_proposer(config: SpeculativeConfig, target, **draft_options):
-    """The proposer for `config`; `target` is the LLMEngine whose vocabulary drafts must share."""
+def make_proposer(config: SpeculativeConfig, target, options):
+    """The proposer for `config`; `target` is the LLMEngine whose vocabulary drafts must share,
+    `options` its RunOptions (targets/__init__.py), from which a draft engine's are derived."""
     if config.method == "ngram":
         from bessemer.runtime.speculative.ngram import NgramProposer
 
         return NgramProposer(config.ngram_min, config.ngram_max)
     from bessemer.runtime.speculative.draft_model import DraftModelProposer
 
-    return DraftModelProposer(config.draft_engine, target, **draft_options)
+    return DraftModelProposer(config.draft_engine, target, options)

@@ -2,7 +2,10 @@
 w4a16 build of the target, or a smaller model of its family) proposes k tokens per step.
 
 The draft engine keeps its own executor, KV pool and block manager, and one mirror
-Sequence per target sequence. Before drafting, a mirror is synced to its target: the KV
+Sequence per target sequence. Its executor is its target's (cpu or cuda, whatever the
+target engine's is), opened through the target interface and stepped through the Executor
+protocol alone (runtime/executor.py): draft_run_options says which of the target engine's
+run options it shares. Before drafting, a mirror is synced to its target: the KV
 of tokens the target rejected is dropped (the mirror's computed prefix is cut back to
 what both sequences share); then it catches up on the tokens it has not seen and drafts
 k tokens, one decode step of the draft engine each, all drafting sequences batched.
@@ -27,13 +30,18 @@ import hashlib
 
 import numpy as np
 
-from bessemer.errors import EngineLoadError
+from bessemer.errors import BessemerError, EngineLoadError
 from bessemer.runtime.engine import Engine
 from bessemer.runtime.kv_cache import BlockManager
 from bessemer.runtime.model_runner import run_step
 from bessemer.runtime.sampler import sample
 from bessemer.runtime.scheduler import ScheduledChunk
 from bessemer.runtime.sequence import Sequence
+from bessemer.targets import RunOptions
+
+# run options a draft shares with its target engine when both have the same target (each
+# target refuses the other's: a cpu draft of a cuda target gets its own defaults)
+SAME_TARGET_OPTIONS = {"cpu": ("isa",), "cuda": ("device", "enforce_eager", "interpret")}
 
 
 def _tokenizer_digest(engine: Engine) -> str | None:
@@ -41,14 +49,26 @@ def _tokenizer_digest(engine: Engine) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
+def draft_run_options(options: RunOptions, target, draft: Engine) -> RunOptions:
+    """How the draft engine runs, from its target's run options (`target`: the LLMEngine).
+    Its KV pool holds as many tokens as the target's (a mirror never holds more than its
+    target sequence and k drafts), in the draft's own bytes per token, unless --kv-cache-gib
+    gives both a budget: on one GPU the target has already taken its share of the memory,
+    so the draft cannot size its pool from a share of it. Threads: the target's (a cpu
+    target's per rank)."""
+    same = draft.target.name == target.engine.target.name
+    shared = {name: getattr(options, name) for name in SAME_TARGET_OPTIONS.get(draft.target.name, ()) if same}
+    kv_gib = options.kv_cache_gib
+    if kv_gib is None:
+        kv_gib = target.num_kv_blocks * target.block_size * draft.kv_bytes_per_token() / 2**30
+    return RunOptions(num_threads=target.num_threads if same and draft.target.name == "cpu" else None,
+                      kv_cache_gib=kv_gib, verify_checksum=options.verify_checksum, **shared)
+
+
 class DraftModelProposer:
-    def __init__(self, engine_dir, target, num_threads: int | None = None, kv_cache_gib: float | None = None,
-                 isa: str = "auto", verify_checksum: bool = True):
-        """`target`: the LLMEngine whose tokens the drafts continue."""
-        self.engine = Engine.load(engine_dir, verify_checksum=verify_checksum)
-        if self.engine.config["target"] != "cpu":  # drafts run on this process's cpu executor
-            raise EngineLoadError(f"draft engine {engine_dir} is a {self.engine.config['target']} engine; build the "
-                                  "draft with --target cpu --tp 1")
+    def __init__(self, engine_dir, target, options: RunOptions = RunOptions()):
+        """`target`: the LLMEngine whose tokens the drafts continue; `options`: its run options."""
+        self.engine = Engine.load(engine_dir, verify_checksum=options.verify_checksum)
         if int(self.engine.config.get("mapping", {}).get("tp_size", 1)) != 1:
             raise EngineLoadError(f"draft engine {engine_dir} is tensor-parallel; build the draft with --tp 1")
         vocab = int(self.engine.header["plan"]["vocab_size"])
@@ -61,13 +81,19 @@ class DraftModelProposer:
         self.max_seq_len = int(build["max_seq_len"])
         self.max_num_tokens = int(build["max_num_tokens"])
         self.max_batch_size = int(build["max_batch_size"])
-        num_blocks = self.engine.kv_pool_blocks(kv_cache_gib)
-        self.executor = self.engine.create_executor(num_threads or target.num_threads, num_blocks, isa)
-        self.blocks = BlockManager(num_blocks, self.block_size, enable_prefix_caching=True)
+        try:
+            opened = self.engine.target.open_executor(self.engine, draft_run_options(options, target, self.engine))
+        except BessemerError as e:  # name the engine: the target engine loaded fine
+            raise type(e)(f"draft engine {engine_dir}: {e}") from None
+        self.executor = opened.executor
+        self.blocks = BlockManager(opened.num_kv_blocks, self.block_size, enable_prefix_caching=True)
         # target seq_id -> the draft engine's copy; a mirror's "prompt" (num_prompt_tokens) is
         # its target's tokens at the last sync, its "output" the drafts it made since
         self.mirrors: dict[int, Sequence] = {}
         self.num_prefill_tokens = 0  # tokens computed to catch mirrors up (all but those drafts come from)
+
+    def close(self) -> None:
+        self.executor.close()
 
     def release(self, seq: Sequence) -> None:
         """The target sequence finished or was aborted: free its draft KV."""

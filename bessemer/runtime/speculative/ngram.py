@@ -22,6 +22,9 @@ class NgramProposer:
     def release(self, seq: Sequence) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def lookup(token_ids: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest suffix

@@ -18,13 +18,18 @@ from pathlib import Path
 
 from bessemer.targets.cuda.compile import KernelSpec
 from bessemer.targets.cuda.cubin import tensor_core_counts
+from bessemer.targets.cuda.kernels import fp_fusion
 
 
-def compile_one(spec: KernelSpec, capability: int) -> tuple[bytes, dict]:
+def triton_compile(spec: KernelSpec, capability: int, enable_fp_fusion: bool | None = None):
+    """Triton's compiled kernel of `spec` (asm: "ptx", "cubin", ...); enable_fp_fusion None:
+    the kernel's own setting (kernels/__init__.py's UNFUSED_KERNELS)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if enable_fp_fusion is None:
+        enable_fp_fusion = fp_fusion(spec.module, spec.function)
     fn = getattr(importlib.import_module(spec.module), spec.function)
     types, constexprs = dict(spec.params), dict(spec.constexprs)
     runtime = [n for n in fn.arg_names if n not in constexprs]
@@ -33,15 +38,23 @@ def compile_one(spec: KernelSpec, capability: int) -> tuple[bytes, dict]:
                          f"{sorted(constexprs)} do not match the kernel's {fn.arg_names}")
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec.aligned}
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                   "enable_fp_fusion": enable_fp_fusion})
+
+
+def compile_one(spec: KernelSpec, capability: int) -> tuple[bytes, dict]:
+    import triton
+
+    compiled = triton_compile(spec, capability)
     cubin, md = compiled.asm["cubin"], compiled.metadata
-    ptxas = ptxas_report(compiled.asm["ptx"], capability, cubin)
+    ptxas = ptxas_report(compiled.asm["ptx"], capability, cubin, md.enable_fp_fusion)
     metadata = {
         "entry": md.name, "num_warps": md.num_warps, "num_ctas": md.num_ctas, "shared": md.shared,
         "global_scratch_size": md.global_scratch_size, "global_scratch_align": md.global_scratch_align,
         "profile_scratch_size": md.profile_scratch_size, "profile_scratch_align": md.profile_scratch_align,
+        "fp_fusion": bool(md.enable_fp_fusion),
         "launch_pdl": bool(md.launch_pdl), "launch_cooperative_grid": bool(md.launch_cooperative_grid),
         "ptx_version": md.ptx_version, "triton_version": triton.__version__,
         "ptxas_version": ptxas.pop("version"), "ptxas": ptxas,
@@ -59,16 +72,18 @@ _PTXAS_LINES = {
 }
 
 
-def ptxas_report(ptx: str, capability: int, cubin: bytes) -> dict:
+def ptxas_report(ptx: str, capability: int, cubin: bytes, fp_fusion: bool = True) -> dict:
     """Registers, spills and stack of the cubin: the same ptxas run on the same PTX with
-    Triton's flags, checked to produce the very same cubin bytes."""
+    Triton's flags (--fmad=false for a kernel compiled without FMA fusion), checked to
+    produce the very same cubin bytes."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     ptxas = get_ptxas(capability).path
     with tempfile.TemporaryDirectory() as d:
         src, out = Path(d) / "k.ptx", Path(d) / "k.cubin"
         src.write_text(ptx)
-        run = subprocess.run([ptxas, "-lineinfo", "-suppress-debug-info", "-v",
+        fmad = [] if fp_fusion else ["--fmad=false"]
+        run = subprocess.run([ptxas, "-lineinfo", "-suppress-debug-info", *fmad, "-v",
                               f"--gpu-name={sm_arch_from_capability(capability)}", str(src), "-o", str(out)],
                              capture_output=True, text=True, check=True)
         if out.read_bytes() != cubin:

@@ -2,8 +2,7 @@
 
 The interpreter (TRITON_INTERPRET=1, read when a kernel module is imported) executes
 `@triton.jit` functions with NumPy on CPU torch tensors. Triton 3.6's interpreter differs
-from the GPU in four ways this module fixes, so that what it computes is what the
-compiled kernels compute:
+from the GPU in four ways this module fixes:
 - tl.dot on bf16 operands multiplies their 16-bit patterns as integers: operands are
   widened to fp32 first (a tensor core multiplies bf16 exactly and accumulates in fp32);
 - fp32 -> bf16 conversion truncates (and its "round to nearest" loses the carry): the GPU
@@ -13,6 +12,15 @@ compiled kernels compute:
 - with NumPy >= 2.4 a loop bound or index loaded from memory fails to convert to int.
 And one guard: bf16 arithmetic, which it computes on bit patterns, raises instead of
 giving silent garbage (the kernels convert loads to fp32 before any arithmetic).
+
+Bit for bit, then, the interpreter computes what the GPU computes where the kernels use
+only exactly rounded fp32 operations in a fixed order: loads, stores, conversions,
+max/min, tl.math.div_rn, and multiply-then-add in the kernels compiled without FMA fusion
+(kernels/__init__.py: the one-byte KV writes, the fp8 activation codes). Elsewhere the
+GPU's fp32 differs by rounding, and the tests give a tolerance for it: fp32 `/` is
+div.full.f32 (up to 2 ulp), tl.exp/exp2 ex2.approx, tl.rsqrt rsqrt.approx, tl.cos/sin
+libdevice's (each a few ulp), a * b + c in the other kernels one FMA, and tl.sum and tl.dot
+accumulate in another order.
 
 enable() must run in a process whose TRITON_INTERPRET=1 was set before any kernel module
 was imported; AOT compilation (compile.py) cannot run in such a process, which is why

@@ -74,6 +74,7 @@ Kernel entry (header "kernels", id = index)::
      "params": [{"name", "type", "offset", "size", "divisibility"}, ...],  # + the 2 scratch ptrs
      "num_warps": compiled (block = 32 x this), "num_ctas", "shared",
      "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
+     "fp_fusion": false for the kernels compiled without FMA contraction (kernels/__init__.py),
      "launch_pdl", "launch_cooperative_grid", "triton_version", "ptx_version", "ptxas_version",
      "ptxas": {"registers", "spill_store_bytes", "spill_load_bytes", "stack_frame_bytes"},
      "tensor_core_ops": {"HGMMA": n, ...}}

@@ -17,4 +17,23 @@ Conventions shared by every kernel (the cuda plan relies on them, see targets/cu
   (head_dim + 4), and the kernels read the scales through a float32 pointer to the same
   region (head_dim a multiple of 4 keeps them aligned). Keeping a block's scales beside its
   codes lets the cache stay one region per layer and K/V, sized as format/kv.py counts it.
+- Bits the GPU must share with a NumPy reference (one-byte KV codes and their scales,
+  quantization/kv_cache.py; fp8 activation codes, quantization/fp8.py): a quotient that is
+  rounded to a code or stored is tl.math.div_rn (fp32 `/` compiles to the approximate
+  div.full.f32), and a kernel that multiplies then adds on the way to a code is listed in
+  UNFUSED_KERNELS, compiled without contracting a * b + c into one FMA (NumPy rounds the
+  product first). The interpreter computes what such a kernel computes on the GPU, so its
+  tests check the GPU's bits; elsewhere (exp2, rsqrt, sin/cos, `/`, FMA) the GPU differs
+  from NumPy by rounding, and the tests hold those kernels to stated tolerances.
 """
+
+# (kernel module, function) compiled with enable_fp_fusion=False (compile_worker.py): the
+# int8 codes are rint(x * inv) through a magic-number add, which an FMA would compute from
+# the unrounded product
+UNFUSED_KERNELS = frozenset({("rope", "rope_kv_write_kernel"), ("rope", "kv_write_kernel")})
+
+
+def fp_fusion(module: str, function: str) -> bool:
+    """Whether kernel `function` of `module` (a full or a kernels-relative module name) may
+    contract multiply-adds into FMA."""
+    return (module.rsplit(".", 1)[-1], function) not in UNFUSED_KERNELS

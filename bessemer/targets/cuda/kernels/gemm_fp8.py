@@ -7,9 +7,11 @@ Activation scales: static (one calibrated s_x per linear, stored as <weight>.inp
 dynamic (s_x[m] = max_k |x[m, k]| / 448 per row, 1 for an all-zero row). The dynamic scale
 is a first pass over the tile's rows of x inside the GEMM, not a separate quantize kernel:
 x is small next to the weights at decode, and from L2 at prefill, so reading it twice costs
-less than a launch and a round trip of the codes through memory. x / s_x is an fp32
-division, then cvt.rn.satfinite to E4M3 (nearest even, saturating at +-448), as
-quantization/fp8.py rounds.
+less than a launch and a round trip of the codes through memory. The scales and codes come
+from kernels/fp8_activations.py (IEEE divisions, cvt.rn.satfinite), shared with the fp8
+experts: they are quantization/fp8.py's, bit for bit. The output
+is not: the fp32 accumulation order (wgmma vs NumPy) and the epilogue's FMA contraction
+differ by fp32 rounding, within the tests' stated tolerance (tests/cuda_interpreter/test_fp8.py).
 
 The dot is E4M3 x E4M3 with fp32 accumulation. Hopper's FP8 wgmma accumulates in reduced
 precision; max_num_imprecise_acc = BLOCK_K promotes the partial sums into the fp32
@@ -19,9 +21,8 @@ accumulator after every K block (what cuBLASLt does without FAST_ACCUM).
 import triton
 import triton.language as tl
 
+from bessemer.targets.cuda.kernels.fp8_activations import e4m3_row_scales, e4m3_rows
 from bessemer.targets.cuda.kernels.gemm import output_tile
-
-E4M3_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
@@ -37,19 +38,14 @@ def gemm_fp8_kernel(x_ptr, codes_ptr, scales_ptr, input_scale_ptr, bias_ptr, y_p
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
     w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
     if DYNAMIC:
-        amax = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + rk
-            x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        s_x = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)  # (BLOCK_M,)
+        s_x = e4m3_row_scales(x_rows, m_ok, K, BLOCK_K)  # (BLOCK_M,)
     else:
         s_x = tl.zeros([BLOCK_M], tl.float32) + tl.load(input_scale_ptr)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
-        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0).to(tl.float32)
-        a = (x / s_x[:, None]).to(tl.float8e4nv)
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
+        a = e4m3_rows(x, s_x)  # (BLOCK_M, BLOCK_K)
         b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0.0)
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
     acc *= s_x[:, None] * tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]

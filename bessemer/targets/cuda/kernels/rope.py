@@ -5,13 +5,21 @@ Every RoPE variant of the cpu target (default, linear, llama3, partial rotary) d
 in inv_freq and an attention scaling factor, both inputs here. Rotate-half (GPT-NeoX /
 Llama) style on the first ROTARY_DIM dims of each head; the angle is fp32
 positions[t] * inv_freq[i], as the cpu kernel and ops.ref_rope compute it.
+
+What matches NumPy bit for bit, on the GPU as under the interpreter: the angle (one fp32
+product), V's codes and scales, and the codes and scales of a given rotated K (both kernels
+are compiled without FMA fusion and divide with div_rn: kernels/__init__.py). What does
+not: cos and sin are libdevice's cosf/sinf on the GPU (a few fp32 ulp from NumPy's), so the
+rotated q and k, and through them K's scale and at most one step of a K code near a code
+boundary, agree with the reference to a stated tolerance (test_kernels_rows.py).
 """
 
 import triton
 import triton.language as tl
 
 # y + 1.5 * 2^23 - 1.5 * 2^23 rounds y to the nearest integer, ties to even (|y| < 2^22), in
-# fp32 on the GPU and in NumPy alike: np.rint, what quantization/kv_cache.py does
+# fp32 on the GPU and in NumPy alike: np.rint, what quantization/kv_cache.py does. Only
+# unfused: an FMA would add the magic number to the unrounded product x * inv.
 RINT_MAGIC = tl.constexpr(12582912.0)
 
 
@@ -49,16 +57,19 @@ def _write_codes(x, cache_ptr, scales_ptr, slot, NUM_KV_HEADS: tl.constexpr, HEA
                  BLOCK_D: tl.constexpr):
     """One token's K or V rows x: (BLOCK_KV_HEADS, BLOCK_D) fp32, zero past the heads and
     HEAD_DIM, into a one-byte cache at `slot`: per (token, head) scale amax / CODE_MAX and
-    codes of x * (CODE_MAX / amax), as quantization/kv_cache.py (int8: KV_CODES 1, E4M3: 2).
-    The layout: kernels/__init__.py."""
+    codes of x * (CODE_MAX / amax), as quantization/kv_cache.py (int8: KV_CODES 1, E4M3: 2),
+    bit for bit: IEEE quotients, the product rounded before the rounding add (a caller is
+    in UNFUSED_KERNELS). The layout: kernels/__init__.py."""
     CODE_MAX: tl.constexpr = 448.0 if KV_CODES == 2 else 127.0
     BLOCK_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * (HEAD_DIM + 4)
     CODE_BYTES: tl.constexpr = KV_BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
     h = tl.arange(0, BLOCK_KV_HEADS)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     amax = tl.max(tl.abs(x), axis=1)[:, None]  # (BLOCK_KV_HEADS, 1)
-    inv = tl.where(amax > 0.0, CODE_MAX / tl.where(amax > 0.0, amax, 1.0), 0.0)
-    y = x * inv
+    # div_rn: an IEEE quotient, as NumPy's (fp32 `/` compiles to the approximate div.full.f32)
+    inv = tl.where(amax > 0.0, tl.math.div_rn(tl.full(amax.shape, CODE_MAX, tl.float32),
+                                              tl.where(amax > 0.0, amax, 1.0)), 0.0)
+    y = x * inv  # (BLOCK_KV_HEADS, BLOCK_D); rounded before the add below: the kernels are compiled unfused
     if KV_CODES == 2:
         codes = y.to(tl.float8e4nv)
     else:
@@ -66,7 +77,8 @@ def _write_codes(x, cache_ptr, scales_ptr, slot, NUM_KV_HEADS: tl.constexpr, HEA
     block = slot // KV_BLOCK_SIZE
     row = (slot % KV_BLOCK_SIZE) * NUM_KV_HEADS + h  # (BLOCK_KV_HEADS, 1)
     tl.store(cache_ptr + block * BLOCK_BYTES + row * HEAD_DIM + d, codes, mask=(h < NUM_KV_HEADS) & (d < HEAD_DIM))
-    tl.store(scales_ptr + block * (BLOCK_BYTES // 4) + CODE_BYTES // 4 + row, amax / CODE_MAX, mask=h < NUM_KV_HEADS)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, CODE_MAX, tl.float32))
+    tl.store(scales_ptr + block * (BLOCK_BYTES // 4) + CODE_BYTES // 4 + row, scale, mask=h < NUM_KV_HEADS)
 
 
 @triton.jit

@@ -8,7 +8,10 @@ over the row, which stays in L2. Exact, ties included: top-k keeps every token w
 is >= the k-th largest; top-p keeps the tokens >= the largest threshold whose kept mass
 reaches top_p. The draw walks the kept tokens in vocabulary order: the first token whose
 cumulative (unnormalized) probability exceeds uniform * kept mass. ops.ref_sample_rows is
-the reference.
+the reference. Greedy rows and the top-k set are exact on the GPU too (integer keys); the
+probabilities are not: 1 / T is div.full.f32 and exp ex2.approx there, a few fp32 ulp from
+NumPy's, so a top-p cut or a draw that falls within that of a boundary may take the
+neighbouring token (the interpreter's draws are the reference's, token for token).
 """
 
 import triton
