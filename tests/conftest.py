@@ -350,6 +350,27 @@ def cuda_engine(tiny_checkpoint, run_dir, kernel_cache):
     return get
 
 
+@pytest.fixture(scope="session")
+def quant_cuda_engine(run_dir, kernel_cache):
+    """Tiny quantized cuda engines (group size 32; an intermediate size of 128, a whole number
+    of groups), built once per run."""
+    pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
+    from bessemer.builder.build import build_engine
+    from bessemer.builder.config import BuildConfig
+    from bessemer.quantization.config import QuantConfig
+
+    def get(kind: str, quant: str) -> Path:
+        def build(out: Path) -> None:
+            ckpt = make_tiny_checkpoint(kind, out / "hf", intermediate_size=128)
+            build_engine(ckpt, out / "engine", BuildConfig(
+                target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
+                quant=QuantConfig(quant, group_size=32)))
+
+        return build_once(run_dir, f"cuda-engine-{kind}-{quant}-g32", build) / "engine"
+
+    return get
+
+
 def moe_routing_margin(ckpt, ids) -> np.ndarray | None:
     """router_margin of HF fp32 on checkpoint ckpt."""
     return router_margin(_hf_model(str(ckpt), "float32"), ids)

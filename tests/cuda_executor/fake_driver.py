@@ -33,7 +33,8 @@ class FakeCuda:
         monkeypatch.setenv("BESSEMER_FAKE_CUDA_LOG", str(log))
 
     def set(self, **config) -> None:
-        """BESSEMER_FAKE_CUDA_<NAME>=value (devices, cc, memory_mib, version, param_override)."""
+        """BESSEMER_FAKE_CUDA_<NAME>=value (devices, cc, memory_mib, version, param_override,
+        fail_launch, fault_launch, graph_mib: see fake_libcuda.cpp)."""
         for k, v in config.items():
             self._mp.setenv(f"BESSEMER_FAKE_CUDA_{k.upper()}", str(v))
 

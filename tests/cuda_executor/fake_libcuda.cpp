@@ -5,8 +5,8 @@
 // pointers are host addresses, copies really copy), and checks what a real driver would
 // refuse: copies outside an allocation, a block size other than the cubin's .reqntid,
 // dynamic shared memory above 48 KiB without the opt-in attribute, allocation, copies or
-// synchronization while a stream is being captured, a cubin for another arch. Kernels are
-// not executed. cuFuncGetParamInfo answers from the cubin's own parameter table
+// synchronization while a stream is being captured, a cubin for another arch, a launch, copy
+// or synchronization from a thread with no current context. Kernels are not executed. cuFuncGetParamInfo answers from the cubin's own parameter table
 // (.nv.info.<kernel>, EIATTR_KPARAM_INFO), as the driver does.
 //
 // Every call of interest is appended as one JSON object per line to $BESSEMER_FAKE_CUDA_LOG:
@@ -18,9 +18,16 @@
 // Configuration (environment, read at cuInit):
 //   BESSEMER_FAKE_CUDA_DEVICES   number of GPUs (default 1; 0: cuInit fails with NO_DEVICE)
 //   BESSEMER_FAKE_CUDA_CC        compute capability "9.0" (default)
-//   BESSEMER_FAKE_CUDA_MEMORY_MIB device memory (default 4096)
+//   BESSEMER_FAKE_CUDA_MEMORY_MIB device memory (default 4096; fractions allowed)
 //   BESSEMER_FAKE_CUDA_VERSION   driver version (default 12080)
 //   BESSEMER_FAKE_CUDA_PARAM_OVERRIDE "<kernel>:<index>:<offset>:<size>" misreports one parameter
+//   BESSEMER_FAKE_CUDA_FAIL_LAUNCH=N  the Nth kernel run (eager launches and graph replays'
+//                                nodes, counted from 1 since cuInit) is refused at launch with
+//                                CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES; the context stays usable
+//   BESSEMER_FAKE_CUDA_FAULT_LAUNCH=N the Nth kernel run faults on the device: it is accepted,
+//                                the next synchronization reports CUDA_ERROR_ILLEGAL_ADDRESS and
+//                                from then on every call does (a real context does not recover)
+//   BESSEMER_FAKE_CUDA_GRAPH_MIB  device memory each instantiated graph takes (default 0; fractions allowed)
 //
 // Test code: the state is one process-wide object, which is what a driver is.
 #include <cstdarg>
@@ -84,7 +91,15 @@ struct State {
     std::string override_entry;
     int override_index = -1;
     Param override_param{0, 0};
+    int64_t kernel_runs = 0, fail_launch = 0, fault_launch = 0;
+    bool faulted = false;          // a kernel faulted; reported at the next synchronization
+    CUresult sticky = CUDA_SUCCESS;  // once reported, every call returns it
+    size_t graph_bytes = 0;
+    std::map<CUgraphExec, size_t> graph_memory;
 };
+
+// The context current on the calling thread (cuCtxSetCurrent), as the driver keeps it.
+thread_local CUcontext current_context = nullptr;
 
 State& state() {
     static State s;
@@ -149,6 +164,39 @@ CUresult refuse(const std::string& fn, CUresult code, const std::string& why) {
     return code;
 }
 
+// What a call that needs the calling thread's context returns without one.
+CUresult need_context(const char* fn) {
+    if (!current_context) return refuse(fn, CUDA_ERROR_INVALID_CONTEXT, "no current context on this thread");
+    return CUDA_SUCCESS;
+}
+
+// The fault of an earlier kernel: reported by the first synchronization after it, then by
+// every call.
+CUresult fault_at_sync(const char* fn) {
+    State& s = state();
+    if (s.faulted && s.sticky == CUDA_SUCCESS) s.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (s.sticky != CUDA_SUCCESS) return refuse(fn, s.sticky, "an earlier kernel faulted");
+    return CUDA_SUCCESS;
+}
+
+CUresult sticky_error(const char* fn) {
+    if (state().sticky != CUDA_SUCCESS) return refuse(fn, state().sticky, "an earlier kernel faulted");
+    return CUDA_SUCCESS;
+}
+
+// Counts one kernel run; what the fault configuration makes of it.
+CUresult run_kernel(const char* fn) {
+    State& s = state();
+    ++s.kernel_runs;
+    if (s.kernel_runs == s.fail_launch)
+        return refuse(fn, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, fmt("kernel run %lld", (long long)s.kernel_runs));
+    if (s.kernel_runs == s.fault_launch) {
+        s.faulted = true;
+        log_line(fmt("{\"fn\":\"fault\",\"in\":\"%s\",\"run\":%lld}", fn, (long long)s.kernel_runs));
+    }
+    return CUDA_SUCCESS;
+}
+
 // ---- cubin reading (ELF64, .nv.info.<kernel>) ----
 template <class T> T rd(const uint8_t* p) {
     T v;
@@ -205,9 +253,16 @@ CUresult fake_cuInit(unsigned int) {
     s.memory = size_t(4096) << 20;
     s.override_entry.clear();
     s.override_index = -1;
+    s.kernel_runs = s.fail_launch = s.fault_launch = 0;
+    s.faulted = false;
+    s.sticky = CUDA_SUCCESS;
+    s.graph_bytes = 0;
+    if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_FAIL_LAUNCH")) s.fail_launch = std::atoll(v);
+    if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_FAULT_LAUNCH")) s.fault_launch = std::atoll(v);
+    if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_GRAPH_MIB")) s.graph_bytes = size_t(std::atof(v) * double(1 << 20));
     if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_DEVICES")) s.devices = std::atoi(v);
     if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_CC")) std::sscanf(v, "%d.%d", &s.cc_major, &s.cc_minor);
-    if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_MEMORY_MIB")) s.memory = size_t(std::atoll(v)) << 20;
+    if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_MEMORY_MIB")) s.memory = size_t(std::atof(v) * double(1 << 20));
     if (const char* v = std::getenv("BESSEMER_FAKE_CUDA_PARAM_OVERRIDE")) {
         char entry[256];
         unsigned idx, off, size;
@@ -238,6 +293,9 @@ const char* error_name(CUresult r) {
         case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
         case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
         case CUDA_ERROR_INVALID_IMAGE: return "CUDA_ERROR_INVALID_IMAGE";
+        case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+        case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
         case CUDA_ERROR_NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
         case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
         case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
@@ -252,7 +310,13 @@ CUresult fake_cuGetErrorName(CUresult r, const char** s) {
 }
 
 CUresult fake_cuGetErrorString(CUresult r, const char** s) {
-    *s = r == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable device is detected" : "fake driver error";
+    switch (r) {  // the real driver's wording
+        case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
+        case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *s = "too many resources requested for launch"; break;
+        case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
+        default: *s = "fake driver error";
+    }
     return CUDA_SUCCESS;
 }
 
@@ -308,11 +372,15 @@ CUresult fake_cuDevicePrimaryCtxRelease(CUdevice d) {
     return CUDA_SUCCESS;
 }
 
-CUresult fake_cuCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
+CUresult fake_cuCtxSetCurrent(CUcontext c) {
+    current_context = c;
+    return CUDA_SUCCESS;
+}
 
 CUresult fake_cuCtxSynchronize() {
     if (capturing_any()) return refuse("cuCtxSynchronize", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "during capture");
-    return CUDA_SUCCESS;
+    if (CUresult r = need_context("cuCtxSynchronize")) return r;
+    return fault_at_sync("cuCtxSynchronize");
 }
 
 CUresult fake_cuMemGetInfo(size_t* free_bytes, size_t* total) {
@@ -358,7 +426,8 @@ CUresult fake_cuMemHostAlloc(void** p, size_t n, unsigned int flags) {
     s.host_allocations[uintptr_t(*p)] = n;
     s.pinned += n;
     if (s.pinned > s.peak_pinned) s.peak_pinned = s.pinned;
-    log_line(fmt("{\"fn\":\"cuMemHostAlloc\",\"bytes\":%zu,\"flags\":%u,\"pinned\":%zu}", n, flags, s.pinned));
+    log_line(fmt("{\"fn\":\"cuMemHostAlloc\",\"ptr\":%llu,\"bytes\":%zu,\"flags\":%u,\"pinned\":%zu}",
+                 (unsigned long long)uintptr_t(*p), n, flags, s.pinned));
     return CUDA_SUCCESS;
 }
 
@@ -374,8 +443,19 @@ CUresult fake_cuMemFreeHost(void* p) {
     return CUDA_SUCCESS;
 }
 
+// [p, p + n) inside one pinned host allocation?
+bool in_pinned_allocation(uintptr_t p, size_t n) {
+    auto& a = state().host_allocations;
+    auto it = a.upper_bound(p);
+    if (it == a.begin()) return false;
+    --it;
+    return p >= it->first && p + n <= it->first + it->second;
+}
+
 CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream st) {
     if (state().capturing.count(st)) return refuse("cuMemcpyHtoDAsync", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "during capture");
+    if (CUresult r = need_context("cuMemcpyHtoDAsync")) return r;
+    if (CUresult r = sticky_error("cuMemcpyHtoDAsync")) return r;
     if (!in_device_allocation(uintptr_t(dst), n))
         return refuse("cuMemcpyHtoDAsync", CUDA_ERROR_INVALID_VALUE, "destination outside every allocation");
     std::memcpy(reinterpret_cast<void*>(dst), src, n);
@@ -385,15 +465,20 @@ CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUst
 
 CUresult fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream st) {
     if (state().capturing.count(st)) return refuse("cuMemcpyDtoHAsync", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "during capture");
+    if (CUresult r = need_context("cuMemcpyDtoHAsync")) return r;
+    if (CUresult r = sticky_error("cuMemcpyDtoHAsync")) return r;
     if (!in_device_allocation(uintptr_t(src), n))
         return refuse("cuMemcpyDtoHAsync", CUDA_ERROR_INVALID_VALUE, "source outside every allocation");
     std::memcpy(dst, reinterpret_cast<const void*>(src), n);
-    log_line(fmt("{\"fn\":\"cuMemcpyDtoHAsync\",\"src\":%llu,\"bytes\":%zu,\"stream\":%d}", src, n, stream_id(st)));
+    log_line(fmt("{\"fn\":\"cuMemcpyDtoHAsync\",\"src\":%llu,\"dst\":%llu,\"bytes\":%zu,\"stream\":%d,\"pinned\":%d}", src,
+                 (unsigned long long)uintptr_t(dst), n, stream_id(st), int(in_pinned_allocation(uintptr_t(dst), n))));
     return CUDA_SUCCESS;
 }
 
 CUresult fake_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream st) {
     if (state().capturing.count(st)) return refuse("cuMemsetD8Async", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "during capture");
+    if (CUresult r = need_context("cuMemsetD8Async")) return r;
+    if (CUresult r = sticky_error("cuMemsetD8Async")) return r;
     if (!in_device_allocation(uintptr_t(dst), n))
         return refuse("cuMemsetD8Async", CUDA_ERROR_INVALID_VALUE, "destination outside every allocation");
     std::memset(reinterpret_cast<void*>(dst), v, n);
@@ -417,6 +502,8 @@ CUresult fake_cuStreamDestroy(CUstream st) {
 
 CUresult fake_cuStreamSynchronize(CUstream st) {
     if (state().capturing.count(st)) return refuse("cuStreamSynchronize", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "during capture");
+    if (CUresult r = need_context("cuStreamSynchronize")) return r;
+    if (CUresult r = fault_at_sync("cuStreamSynchronize")) return r;
     log_line(fmt("{\"fn\":\"cuStreamSynchronize\",\"stream\":%d}", stream_id(st)));
     return CUDA_SUCCESS;
 }
@@ -496,6 +583,8 @@ CUresult fake_cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction fn, void** pa
     State& s = state();
     auto* f = reinterpret_cast<Function*>(fn);
     if (extra) return refuse("cuLaunchKernelEx", CUDA_ERROR_INVALID_VALUE, "extra is not supported");
+    if (CUresult r = need_context("cuLaunchKernelEx")) return r;
+    if (CUresult r = sticky_error("cuLaunchKernelEx")) return r;
     if (c->gridDimX == 0 || c->gridDimY == 0 || c->gridDimZ == 0)
         return refuse("cuLaunchKernelEx", CUDA_ERROR_INVALID_VALUE, "empty grid");
     if (f->reqntid && (c->blockDimX != f->reqntid || c->blockDimY != 1 || c->blockDimZ != 1))
@@ -515,6 +604,8 @@ CUresult fake_cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction fn, void** pa
     }
     auto cap = s.capturing.find(c->hStream);
     const int graph = cap == s.capturing.end() ? 0 : s.graph_ids[cap->second];
+    if (cap == s.capturing.end())  // a captured launch runs when its graph is launched
+        if (CUresult r = run_kernel("cuLaunchKernelEx")) return r;
     const std::string body =
         fmt("\"entry\":\"%s\",\"module\":%zu,\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"shared\":%u,\"stream\":%d,\"attrs\":[%s],",
             f->entry.c_str(), f->module, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
@@ -548,11 +639,16 @@ CUresult fake_cuStreamEndCapture(CUstream st, CUgraph* out) {
 }
 
 CUresult fake_cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long long) {
+    State& s = state();
+    if (s.allocated + s.graph_bytes > s.memory)
+        return refuse("cuGraphInstantiateWithFlags", CUDA_ERROR_OUT_OF_MEMORY, fmt("%zu bytes", s.graph_bytes));
     auto* graph = reinterpret_cast<Graph*>(g);
     auto* copy = new Graph(*graph);  // an executable graph is a snapshot of the graph
     state().graph_ids[copy] = state().graph_ids[graph];
     *e = reinterpret_cast<CUgraphExec>(copy);
     state().execs[*e] = copy;
+    s.allocated += s.graph_bytes;
+    s.graph_memory[*e] = s.graph_bytes;
     return CUDA_SUCCESS;
 }
 
@@ -560,6 +656,10 @@ CUresult fake_cuGraphLaunch(CUgraphExec e, CUstream st) {
     State& s = state();
     auto it = s.execs.find(e);
     if (it == s.execs.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (CUresult r = need_context("cuGraphLaunch")) return r;
+    if (CUresult r = sticky_error("cuGraphLaunch")) return r;
+    for (size_t i = 0; i < it->second->nodes.size(); ++i)
+        if (CUresult r = run_kernel("cuGraphLaunch")) return r;
     const int id = s.graph_ids[it->second];
     log_line(fmt("{\"fn\":\"cuGraphLaunch\",\"graph\":%d,\"nodes\":%zu,\"stream\":%d}", id, it->second->nodes.size(),
                  stream_id(st)));
@@ -568,10 +668,13 @@ CUresult fake_cuGraphLaunch(CUgraphExec e, CUstream st) {
 }
 
 CUresult fake_cuGraphExecDestroy(CUgraphExec e) {
-    auto it = state().execs.find(e);
-    if (it == state().execs.end()) return CUDA_ERROR_INVALID_HANDLE;
+    State& s = state();
+    auto it = s.execs.find(e);
+    if (it == s.execs.end()) return CUDA_ERROR_INVALID_HANDLE;
     delete it->second;
-    state().execs.erase(it);
+    s.execs.erase(it);
+    s.allocated -= s.graph_memory[e];
+    s.graph_memory.erase(e);
     return CUDA_SUCCESS;
 }
 

@@ -25,7 +25,6 @@ from launches import PointerMap, from_fake_log
 from bessemer.errors import DeviceError, InvalidOptionError, RequestError
 from bessemer.format.step import FIELDS, StepBatch
 from bessemer.format.kv import section_bytes_per_token
-from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.engine import Engine
 from bessemer.runtime.executor import SamplingRows
 from bessemer.targets.cuda import step_inputs
@@ -96,10 +95,13 @@ def test_load_uploads_every_weight_exactly_through_bounded_pinned_staging(engine
     span = max(t["offset"] + t["nbytes"] for t in weights) - min(t["offset"] for t in weights)
     copies = [r for r in fake_cuda.records("cuMemcpyHtoDAsync") if r["dst"] >= regions["weight:" + weights[0]["name"]][0]]
     assert len([r for r in copies if r["bytes"] <= chunk]) >= -(-span // chunk) > 2  # chunked, several chunks
-    # pinned host memory never exceeds the two staging buffers plus the step buffers
+    # pinned host memory never exceeds the two staging buffers plus the step buffers (inputs,
+    # sampled tokens, a decode step's logits)
     step_bytes = regions["step"][1]
+    limits = engine.header["plan"]["limits"]
+    logits_bytes = 4 * limits["max_batch_size"] * engine.header["plan"]["vocab_size"]
     peak = max(r["pinned"] for r in fake_cuda.records("cuMemHostAlloc"))
-    assert peak <= 2 * chunk + step_bytes + 4 * engine.header["plan"]["limits"]["max_num_tokens"]
+    assert peak <= 2 * chunk + step_bytes + 4 * limits["max_num_tokens"] + logits_bytes
     # every cubin loaded (its parameter table checked: a mismatch fails the load, see
     # test_cuda_driver), and >48 KiB of shared memory opted in for exactly the kernels that need it
     kernels = engine.header["kernels"]
@@ -192,7 +194,8 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
                                            pytest.param(KIND, None, "w4a16", marks=pytest.mark.slow),
                                            pytest.param("gpt-oss", None, None, marks=pytest.mark.slow),
                                            pytest.param("gpt-oss", None, "w4a16", marks=pytest.mark.slow)])
-def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, fake_cuda, tmp_path):
+def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, quant_cuda_engine, fake_cuda,
+                                                      tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
     every launch equal the interpreted launcher's; block = 32 x compiled num_warps, shared
@@ -203,14 +206,7 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
     moe launches (3-D grids, int32 and fp32 workspace arrays) and attention with sinks; with
     w4a16 its experts' grouped launches (the sort's count argument, bf16 workspace arrays)."""
     if quant:  # widths that are whole numbers of 32-wide groups
-        from bessemer.builder.build import build_engine
-        from bessemer.builder.config import BuildConfig
-        from conftest import make_tiny_checkpoint
-
-        ckpt = make_tiny_checkpoint(kind, tmp_path / "hf", intermediate_size=128)
-        engine = Engine.load(build_engine(ckpt, tmp_path / "e", BuildConfig(
-            target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
-            quant=QuantConfig(quant, group_size=32))))
+        engine = Engine.load(quant_cuda_engine(kind, quant))
         workspace = {w["name"]: w["dtype"] for w in engine.header["plan"]["workspace"]}
         assert workspace.keys() >= {"split_k_partials", "split_k_counters"}
         if kind == "gpt-oss":  # int4 experts: the grouped launches and their bf16 / int32 arrays

@@ -6,13 +6,21 @@ pinned staging (progress through `say`), then the paged KV cache gets
     --kv-cache-gib G         G GiB, or
     --gpu-memory-utilization U (default 0.9): U x the GPU's memory, minus what this and
                              every other process already use (as vLLM users know it),
-capped at what max_batch_size full-length sequences can use; then one CUDA graph per
-decode batch size (1, 2, 4, ... max) is captured, unless enforce_eager.
+capped at what max_batch_size full-length sequences can use, and leaving GRAPH_RESERVE_BYTES
+free when graphs are captured; then one CUDA graph per decode batch size (1, 2, 4, ... max) is
+captured, unless enforce_eager or BESSEMER_CUDA_SYNC=1 (every step eager, the stream
+synchronized after every launch so that a fault names its node, op and kernel: for finding a
+faulting kernel, not for speed).
+
+Logits come back into a pinned host buffer for up to max_batch_size rows (the array a step
+returns is a view that holds it; a step that finds it still held copies into new memory).
 
 No torch and no Triton are imported here: the engine's kernels are cubins.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -25,6 +33,10 @@ from bessemer.targets.cuda.device import native, open_device, translate
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 UPLOAD_CHUNK_BYTES = 64 << 20  # each of the two pinned staging buffers
 UNIFORM_MAX = np.float32(1.0) - np.finfo(np.float32).epsneg  # largest float32 below 1
+# Device memory kept free after the KV cache for instantiating the decode graphs (the driver
+# allocates their launch parameters and its own bookkeeping then). Declared, not measured:
+# a generous figure for ~10 graphs of a few hundred kernels; the GPU check can measure it.
+GRAPH_RESERVE_BYTES = 256 << 20
 
 
 def graph_buckets(max_batch_size: int, max_num_tokens: int) -> list[int]:
@@ -40,10 +52,13 @@ def graph_buckets(max_batch_size: int, max_num_tokens: int) -> list[int]:
 
 
 def kv_cache_blocks(bytes_per_block: int, free: int, total: int, kv_cache_gib: float | None,
-                    gpu_memory_utilization: float | None, min_blocks: int, max_useful_blocks: int) -> int:
+                    gpu_memory_utilization: float | None, min_blocks: int, max_useful_blocks: int,
+                    reserve: int = 0) -> int:
     """Number of KV blocks for the budget (see the module docstring); --kv-cache-gib 0 gives
     the minimum, `min_blocks` (one full-length sequence). free/total: the GPU's memory now,
-    after the weights and activations are allocated."""
+    after the weights and activations are allocated; `reserve`: bytes to leave free after the
+    cache (graph instantiation). A --kv-cache-gib that leaves less is refused, naming the
+    size that fits."""
     if kv_cache_gib is not None and gpu_memory_utilization is not None:
         raise InvalidOptionError("give --kv-cache-gib or --gpu-memory-utilization, not both")
     if kv_cache_gib is not None:
@@ -58,11 +73,20 @@ def kv_cache_blocks(bytes_per_block: int, free: int, total: int, kv_cache_gib: f
         budget = int(util * total) - (total - free)
         source = f"--gpu-memory-utilization {util}"
     # the executor adds one padding block (decode graphs' padding rows write there)
-    blocks = min(max_useful_blocks, budget // bytes_per_block, free // bytes_per_block - 1)
+    fits = (free - reserve) // bytes_per_block - 1
+    kept = f", {reserve / 2**30:.2f} GiB of it kept for CUDA graphs" if reserve else ""
+    if kv_cache_gib is not None and fits >= min_blocks and min(budget // bytes_per_block, max_useful_blocks) > fits:
+        fits_gib = fits * bytes_per_block / 2**30
+        digits = 2 if fits_gib >= 1 else 4
+        fitting = math.floor(fits_gib * 10**digits) / 10**digits  # rounded down: it fits
+        raise InvalidOptionError(
+            f"--kv-cache-gib {kv_cache_gib} does not fit: {free / 2**30:.2f} GiB is free after the weights{kept}; "
+            f"give --kv-cache-gib {fitting:.{digits}f} or less" + (" (or --enforce-eager)" if reserve else ""))
+    blocks = min(max_useful_blocks, budget // bytes_per_block, fits)
     if blocks < min_blocks:
         raise InvalidOptionError(
             f"the KV cache gets {max(blocks, 0)} blocks from {source} ({free / 2**30:.2f} GiB of "
-            f"{total / 2**30:.2f} GiB free after the weights), fewer than one full-length sequence needs "
+            f"{total / 2**30:.2f} GiB free after the weights{kept}), fewer than one full-length sequence needs "
             f"({min_blocks} x {bytes_per_block / 2**20:.2f} MiB); give it more memory or rebuild with a "
             "smaller --max-seq-len")
     return int(blocks)
@@ -85,15 +109,20 @@ class CudaExecutor:
                 say(f"uploading weights to GPU {device}: {done / 2**20:.1f}/{total / 2**20:.1f} MiB")
 
         try:
-            # the rank file is read and checked by the engine contract's reader (format/csrc)
+            # the rank file is read and checked by the engine contract's reader (format/csrc);
+            # $BESSEMER_CUDA_SYNC is read there too
             self._ex = native().Executor(self.device, str(rank_file), upload_chunk_bytes, progress)
+            graphs = not enforce_eager and not self._ex.sync_launches
+            if self._ex.sync_launches and say:
+                say(f"{native().SYNC_ENV}=1: every step eager, the stream synchronized after every launch (slow)")
             free = self.device.info()["free_bytes"]
             per_seq = blocks_needed(int(build["max_seq_len"]), int(build["kv_block_size"]))
             self.num_kv_blocks = kv_cache_blocks(self._ex.kv_bytes_per_block, free, info["total_bytes"], kv_cache_gib,
                                                  gpu_memory_utilization, per_seq,
-                                                 per_seq * int(build["max_batch_size"]))
+                                                 per_seq * int(build["max_batch_size"]),
+                                                 reserve=GRAPH_RESERVE_BYTES if graphs else 0)
             self._ex.allocate_kv_cache(self.num_kv_blocks)
-            if not enforce_eager:
+            if graphs:
                 self._ex.capture_graphs(graph_buckets(int(build["max_batch_size"]), int(build["max_num_tokens"])))
         except (InvalidOptionError, DeviceError):
             raise
@@ -139,12 +168,15 @@ class CudaExecutor:
         return self._ex.read_device(ptr, nbytes)
 
     def step(self, batch: StepBatch) -> np.ndarray:
-        """Logits [L, vocab] float32 of the selected rows."""
+        """Logits [L, vocab] float32 of the selected rows (a view of pinned memory while it
+        lasts: see the module docstring)."""
         _, logits = _run(self._ex, batch)
         return logits
 
     def failure(self) -> str | None:
-        return None  # a failed launch raises DeviceError from the step that hit it
+        """Set once the GPU failed during a step (a device fault: the context is lost); a step
+        that failed otherwise raised DeviceError and the next one runs."""
+        return self._ex.failure
 
     def close(self) -> None:
         """Nothing to stop: device memory and graphs are freed with the native executor."""

@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -32,11 +33,36 @@ Counts max_counts(const LaunchPlan& plan) {
     return c;
 }
 
+// A launch's failure: "<cause> in node N (op O, kernel K), launch i of" + the step + note.
+struct LaunchError : CudaError {
+    LaunchError(cu::CUresult code_, const std::string& cause, const std::string& where, const std::string& note_)
+        : CudaError(code_, cause + where), note(note_) {}
+    std::string message(const std::string& step) const { return std::string(what()) + " " + step + note; }
+    std::string note;
+};
+
+// Errors that a launch call reports about the launch itself, never an earlier kernel's fault.
+bool about_this_launch(cu::CUresult r) {
+    return r == cu::CUDA_ERROR_INVALID_VALUE || r == cu::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+}
+
+std::string rerun_hint() {
+    return std::string("; rerun with ") + kSyncEnv + "=1 to name the node and kernel that faulted";
+}
+
 }  // namespace
+
+bool sync_launches_from_environment() {
+    const char* v = std::getenv(kSyncEnv);
+    const std::string value = v ? v : "";
+    if (value.empty() || value == "0") return false;
+    if (value == "1") return true;
+    bad(std::string(kSyncEnv) + "='" + value + "' is not a flag: set it to 1 (synchronize after every launch) or 0");
+}
 
 Executor::Executor(std::shared_ptr<Device> device, const EngineFile& file, LaunchPlan plan,
                    const LoadOptions& options)
-    : device_(std::move(device)), plan_(std::move(plan)) {
+    : device_(std::move(device)), plan_(std::move(plan)), sync_launches_(options.sync_launches) {
     device_->make_current();
     stream_ = std::make_unique<Stream>(device_);
     // tensor offsets and sizes were checked against the file by the contract (plan.h)
@@ -46,6 +72,10 @@ Executor::Executor(std::shared_ptr<Device> device, const EngineFile& file, Launc
     allocate_activations();
     staging_ = std::make_unique<PinnedBuffer>(device_, capacity_bytes(plan_));
     tokens_out_ = std::make_unique<PinnedBuffer>(device_, uint64_t(plan_.step_inputs[kSampledTokens].elems) * 4);
+    // A decode step's logits (one row per sequence) land here; a step with more rows (prompt
+    // logprobs, scoring) is rarer and would need max_num_tokens rows of pinned memory.
+    host_logits_rows_ = std::min<int64_t>(plan_.max_batch_size, plan_.step_inputs[kLogitsIndices].elems);
+    host_logits_ = std::make_shared<PinnedBuffer>(device_, uint64_t(host_logits_rows_) * uint64_t(plan_.vocab_size) * 4);
 }
 
 Executor::~Executor() {
@@ -112,6 +142,12 @@ void Executor::allocate_activations() {
     stream_->synchronize("activations");
     for (uint64_t off : buffer_at) buffer_ptrs_.push_back(activations_.ptr() + off);
     for (uint64_t off : workspace_at) workspace_ptrs_.push_back(activations_.ptr() + off);
+    for (size_t i = 0; i < plan_.workspace.size(); ++i) {
+        const ArraySpec& w = plan_.workspace[i];
+        const std::string suffix = "counters";  // split_k_counters: zero between launches
+        if (w.name.size() >= suffix.size() && w.name.compare(w.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+            counters_.push_back({workspace_ptrs_[i], uint64_t(w.elems) * uint64_t(w.elem_bytes)});
+    }
     step_base_ = activations_.ptr() + step_at;
     global_scratch_ = global_need ? activations_.ptr() + global_at : 0;
     profile_scratch_ = profile_need ? activations_.ptr() + profile_at : 0;
@@ -190,8 +226,9 @@ void Executor::pack_all() {
 }
 
 void Executor::run_launches(const std::vector<LaunchItem>& items, std::vector<std::vector<Packed>>& packed,
-                            const Counts& counts, const StepLayout& layout) {
+                            const Counts& counts, const StepLayout& layout, int64_t* launched) {
     const cu::CUstream stream = stream_->get();
+    const auto& api = device_->api();
     for (size_t i = 0; i < items.size(); ++i) {
         const LaunchItem& item = items[i];
         const LaunchCase& c = item.pick(counts);
@@ -216,8 +253,27 @@ void Executor::run_launches(const std::vector<LaunchItem>& items, std::vector<st
                 std::memcpy(p.bytes.data() + patch.offset, &v, 8);
             }
         }
-        kernel.launch(stream, grid, p.bytes.data());
+        ++*launched;
+        // Kernel::launch's CudaError, or the synchronize's: named by node, op and kernel
+        auto where = [&] {
+            return " in node " + item.node + " (op " + item.op + ", kernel " + kernel.spec().entry + "), launch " +
+                   std::to_string(*launched) + " of";
+        };
+        try {
+            kernel.launch(stream, grid, p.bytes.data());
+        } catch (const CudaError& e) {
+            const bool maybe_earlier = !sync_launches_ && !about_this_launch(e.code);
+            throw LaunchError(e.code, e.what(), where(),
+                              maybe_earlier ? "; an earlier kernel's fault can surface at a later launch" + rerun_hint()
+                                            : "");
+        }
         ++stats_.launches;
+        if (sync_launches_) {
+            const cu::CUresult r = api.cuStreamSynchronize(stream);
+            if (r != cu::CUDA_SUCCESS)
+                throw LaunchError(r, device_->driver()->error_text(r), where(),
+                                  std::string(", found by the synchronize after it (") + kSyncEnv + "=1)");
+        }
     }
 }
 
@@ -229,15 +285,19 @@ void Executor::capture_graphs(const std::vector<int64_t>& buckets) {
     for (int64_t b : buckets) {
         if (b < 1 || b > plan_.max_batch_size || b > plan_.max_num_tokens)
             bad("graph bucket " + std::to_string(b) + " is outside 1..min(max_batch_size, max_num_tokens)");
-        if (graphs_.count(b)) continue;
+        if (graphs_.count(b) || sync_launches_) continue;
         Counts c{};
         c[kTokens] = c[kSelected] = c[kSeqs] = c[kDecodeSeqs] = b;
         const StepLayout layout = layout_for(plan_, c);
-        device_->check(api.cuStreamBeginCapture(stream_->get(), cu::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+        // Thread-local: a CUDA call another thread makes meanwhile (torch in the same process,
+        // a second executor) neither invalidates this capture nor is refused because of it.
+        device_->check(api.cuStreamBeginCapture(stream_->get(), cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                       "cuStreamBeginCapture");
         cu::CUgraph graph = nullptr;
         try {
-            run_launches(plan_.forward, forward_packed_, c, layout);
-            run_launches(plan_.sample, sample_packed_, c, layout);
+            int64_t launched = 0;
+            run_launches(plan_.forward, forward_packed_, c, layout, &launched);
+            run_launches(plan_.sample, sample_packed_, c, layout, &launched);
         } catch (...) {
             api.cuStreamEndCapture(stream_->get(), &graph);
             if (graph) api.cuGraphDestroy(graph);
@@ -258,34 +318,87 @@ std::vector<int64_t> Executor::graph_buckets() const {
     return out;
 }
 
+std::string Executor::failure() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+}
+
+std::shared_ptr<PinnedBuffer> Executor::lease_host_logits(int64_t rows) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rows > host_logits_rows_ || host_logits_.use_count() > 1) return nullptr;
+    return host_logits_;
+}
+
+void Executor::recover_from_failed_step(const std::string& error) {
+    const auto& api = device_->api();
+    const cu::CUstream stream = stream_->get();
+    cu::CUresult r = api.cuStreamSynchronize(stream);
+    for (const auto& c : counters_)
+        if (r == cu::CUDA_SUCCESS) r = api.cuMemsetD8Async(c.first, 0, c.second, stream);
+    if (r == cu::CUDA_SUCCESS && !counters_.empty()) r = api.cuStreamSynchronize(stream);
+    if (r != cu::CUDA_SUCCESS) {
+        failure_ = error;
+        failure_code_ = r;
+    }
+}
+
 void Executor::step(const StepRequest& request, const StepOutput& out) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!num_blocks_) bad("allocate the KV cache before running a step");
+    if (!failure_.empty())
+        throw CudaError(failure_code_, "the GPU failed in an earlier step and a CUDA context does not recover from "
+                                       "that; restart the process (the failure: " + failure_ + ")");
     device_->make_current();
     const auto& api = device_->api();
     int64_t bucket = 0;
-    if (use_graphs_ && is_decode(request)) {
+    if (use_graphs_ && !sync_launches_ && is_decode(request)) {
         auto it = graphs_.lower_bound(request.batch.S);
         if (it != graphs_.end()) bucket = it->first;
     }
     StepLayout layout;
+    // host work only: a request it refuses leaves nothing enqueued
     const Counts counts = derive_step(plan_, request, num_blocks_, bucket, int32_t(num_blocks_), staging_->data(), &layout);
     const cu::CUstream stream = stream_->get();
-    if (layout.upload_bytes) {  // the one copy of the step's inputs
-        device_->check(api.cuMemcpyHtoDAsync(step_base_, staging_->data(), layout.upload_bytes, stream),
-                       "cuMemcpyHtoDAsync (step inputs)");
-        stats_.uploaded_bytes += int64_t(layout.upload_bytes);
+    ++steps_started_;
+    int64_t launched = 0;
+    // "step 12 (eager: 8 tokens, 2 sequences, 41 launches)", for an error's message
+    auto which_step = [&] {
+        const std::string n = std::to_string(steps_started_);
+        if (bucket)
+            return "step " + n + " (decode graph of batch " + std::to_string(bucket) + " for " +
+                   std::to_string(counts[kSeqs]) + " sequences)";
+        return "step " + n + " (eager: " + std::to_string(counts[kTokens]) + " tokens, " +
+               std::to_string(counts[kSeqs]) + " sequences, " + std::to_string(launched) + " launches)";
+    };
+    try {
+        if (layout.upload_bytes) {  // the one copy of the step's inputs
+            device_->check(api.cuMemcpyHtoDAsync(step_base_, staging_->data(), layout.upload_bytes, stream),
+                           "cuMemcpyHtoDAsync (step inputs)");
+            stats_.uploaded_bytes += int64_t(layout.upload_bytes);
+        }
+        if (bucket) {
+            device_->check(api.cuGraphLaunch(graphs_[bucket], stream), "cuGraphLaunch");
+        } else {
+            run_launches(plan_.forward, forward_packed_, counts, layout, &launched);
+            if (out.tokens) run_launches(plan_.sample, sample_packed_, counts, layout, &launched);
+        }
+        copy_out(counts, layout, request.batch.L, out);
+    } catch (const LaunchError& e) {
+        const std::string what = e.message(which_step());
+        recover_from_failed_step(what);
+        throw CudaError(e.code, what);
+    } catch (const CudaError& e) {
+        // no launch is named: the fault of any kernel the step ran surfaces here
+        std::string what = std::string(e.what()) + " in " + which_step();
+        if (!sync_launches_) what += rerun_hint();
+        recover_from_failed_step(what);
+        throw CudaError(e.code, what);
+    } catch (...) {
+        recover_from_failed_step("a step failed on the host");
+        throw;
     }
-    if (bucket) {
-        device_->check(api.cuGraphLaunch(graphs_[bucket], stream), "cuGraphLaunch");
-        ++stats_.graph_steps;
-    } else {
-        run_launches(plan_.forward, forward_packed_, counts, layout);
-        if (out.tokens) run_launches(plan_.sample, sample_packed_, counts, layout);
-        ++stats_.eager_steps;
-    }
+    ++(bucket ? stats_.graph_steps : stats_.eager_steps);
     ++stats_.steps;
-    copy_out(counts, layout, request.batch.L, out);
 }
 
 void Executor::copy_out(const Counts& counts, const StepLayout& layout, int64_t rows, const StepOutput& out) {

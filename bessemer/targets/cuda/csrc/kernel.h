@@ -49,9 +49,12 @@ class Kernel {
     Kernel& operator=(const Kernel&) = delete;
 
     const KernelSpec& spec() const { return spec_; }
+    const std::shared_ptr<Device>& device() const { return device_; }
     uint32_t block_threads() const { return 32u * uint32_t(spec_.num_warps); }
     // grid: Triton's program grid (x is multiplied by num_ctas here, as Triton does).
-    // packed: the parameter bytes laid out by spec().params. Empty grids are skipped.
+    // packed: the parameter bytes laid out by spec().params. Empty grids are skipped. The
+    // caller has made the device's context current on this thread (the executor does once
+    // per step; a launch is too hot a path to set it each time).
     void launch(cu::CUstream stream, const std::array<uint32_t, 3>& grid, uint8_t* packed) const;
 
    private:

@@ -77,9 +77,20 @@ py::tuple run_step(Executor& ex, const py::object& token_ids, const py::object& 
         tokens = t;
     }
     if (want_logits) {
-        py::array_t<float> l({py::ssize_t(L), py::ssize_t(ex.plan().vocab_size)});
-        out.logits = l.mutable_data();
-        logits = l;
+        const py::ssize_t V = py::ssize_t(ex.plan().vocab_size);
+        if (auto slab = ex.lease_host_logits(L)) {
+            // the array is a view of the pinned buffer and holds it (a capsule owning the
+            // lease) until it is freed: a later step never writes into logits still in use
+            out.logits = reinterpret_cast<float*>(slab->data());
+            py::capsule lease(new std::shared_ptr<PinnedBuffer>(std::move(slab)),
+                              [](void* p) { delete static_cast<std::shared_ptr<PinnedBuffer>*>(p); });
+            logits = py::array_t<float>({py::ssize_t(L), V}, {V * py::ssize_t(sizeof(float)), py::ssize_t(sizeof(float))},
+                                        out.logits, lease);
+        } else {
+            py::array_t<float> l({py::ssize_t(L), V});
+            out.logits = l.mutable_data();
+            logits = l;
+        }
     }
     {
         py::gil_scoped_release release;
@@ -121,6 +132,7 @@ PYBIND11_MODULE(_cuda, m) {
         return d;
     }, py::arg("rank_file"), "reads and checks a cuda rank file as the Executor does, without a GPU: a summary");
     m.attr("LIBRARY_ENV") = kLibraryEnv;
+    m.attr("SYNC_ENV") = kSyncEnv;
 
     py::class_<Driver, std::shared_ptr<Driver>>(m, "Driver")
         .def_static("open", &Driver::open, "dlopen the driver, resolve the API, cuInit (raises DriverUnavailable)")
@@ -149,23 +161,32 @@ PYBIND11_MODULE(_cuda, m) {
             if (data.size() != k.spec().packed_bytes())
                 throw std::invalid_argument("packed parameters are " + std::to_string(data.size()) + " bytes, kernel " +
                                             k.spec().entry + " takes " + std::to_string(k.spec().packed_bytes()));
+            k.device()->make_current();  // the calling thread may not be the one that loaded it
             k.launch(nullptr, grid, reinterpret_cast<uint8_t*>(&data[0]));
         }, py::arg("grid"), py::arg("packed"));
 
     py::class_<Executor>(m, "Executor")
         .def(py::init([](std::shared_ptr<Device> device, const std::string& rank_file, uint64_t upload_chunk_bytes,
-                         const py::object& progress) {
+                         const py::object& progress, const py::object& sync_launches) {
                  LoadOptions options;
                  options.upload_chunk_bytes = upload_chunk_bytes;
+                 options.sync_launches = sync_launches.is_none() ? sync_launches_from_environment()
+                                                                 : sync_launches.cast<bool>();
                  if (!progress.is_none())
                      options.progress = [progress](size_t done, size_t total) { progress(done, total); };
                  const bessemer::EngineFile file(rank_file);  // unmapped once weights and cubins are on the GPU
                  return std::make_unique<Executor>(device, file, read_launch_plan(file), options);
              }),
              py::arg("device"), py::arg("rank_file"), py::arg("upload_chunk_bytes") = 64ull << 20,
-             py::arg("progress") = py::none(),
+             py::arg("progress") = py::none(), py::arg("sync_launches") = py::none(),
              "loads a cuda rank file: read and checked by the engine contract's reader (format/csrc), "
-             "weights uploaded, every cubin loaded")
+             "weights uploaded, every cubin loaded; sync_launches None: $BESSEMER_CUDA_SYNC decides")
+        .def_property_readonly("sync_launches", &Executor::sync_launches)
+        .def_property_readonly("failure", [](const Executor& e) -> py::object {
+            const std::string f = e.failure();
+            return f.empty() ? py::object(py::none()) : py::object(py::str(f));
+        }, "why no step can run any more (the GPU failed during one), or None")
+        .def_property_readonly("host_logits_rows", &Executor::host_logits_rows)
         .def_property_readonly("kv_bytes_per_block", &Executor::kv_bytes_per_block)
         .def("allocate_kv_cache", &Executor::allocate_kv_cache, py::arg("num_blocks"))
         .def_property_readonly("num_kv_blocks", &Executor::num_kv_blocks)
