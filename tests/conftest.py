@@ -352,8 +352,9 @@ def cuda_engine(tiny_checkpoint, run_dir, kernel_cache):
 
 @pytest.fixture(scope="session")
 def quant_cuda_engine(run_dir, kernel_cache):
-    """Tiny quantized cuda engines (group size 32; an intermediate size of 128, a whole number
-    of groups), built once per run."""
+    """Tiny cuda engines at an intermediate size of 128 (a whole number of 32-wide groups, and
+    two 64-wide K blocks: the decode GEMMs split K), quantized with group size 32 or, for
+    quant "none", bf16; built once per run."""
     pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
@@ -364,7 +365,7 @@ def quant_cuda_engine(run_dir, kernel_cache):
             ckpt = make_tiny_checkpoint(kind, out / "hf", intermediate_size=128)
             build_engine(ckpt, out / "engine", BuildConfig(
                 target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
-                quant=QuantConfig(quant, group_size=32)))
+                quant=None if quant == "none" else QuantConfig(quant, group_size=32)))
 
         return build_once(run_dir, f"cuda-engine-{kind}-{quant}-g32", build) / "engine"
 

@@ -83,6 +83,9 @@ def test_cli_builds_inspects_and_refuses_to_run_a_cuda_engine(tiny_checkpoint, t
     info = subprocess.run(["bessemer", "inspect", str(out)], capture_output=True, text=True).stdout
     assert "target        cuda, gpu_arch sm_90a, triton_version 3.6.0" in info
     assert "gemm_kernel" in info and "HGMMA" in info and "regs" in info and "spills 0" in info
+    # per linear shape: its tiles and parts of K (K of 64 and 88: one part, 16 x 64 decode tiles)
+    assert "gemms       5 linear shapes" in info
+    assert "64 x 88     x2   K parts  1 | <=16: 16x64x64 4w/3s split 1, 1 programs at 16;" in info
     # the runtime runs cuda engines now (targets/cuda/executor.py): without a driver, one line
     env = dict(os.environ, BESSEMER_LIBCUDA=str(tmp_path / "no-driver" / "libcuda.so.1"))
     run = subprocess.run(["run-engine", str(out), "--prompt", "hi"], capture_output=True, text=True, env=env)

@@ -18,9 +18,11 @@ from bessemer.targets.cuda.cubin import check_kernel, read_cubin, tensor_core_co
 K = "bessemer.targets.cuda.kernels."
 BF = "*bf16"
 GEMM = KernelSpec.make(K + "gemm", "gemm_kernel",
-                       [("x_ptr", BF), ("w_ptr", BF), ("bias_ptr", "*fp32"), ("y_ptr", BF), ("M", "i32")],
+                       [("x_ptr", BF), ("w_ptr", BF), ("bias_ptr", "*fp32"), ("y_ptr", BF), ("partials_ptr", "*fp32"),
+                        ("counters_ptr", "*i32"), ("M", "i32")],
                        dict(N=960, K=576, X_STRIDE=576, Y_STRIDE=960, HAS_BIAS=True, BLOCK_M=128, BLOCK_N=128,
-                            BLOCK_K=64, GROUP_M=8), ["x_ptr", "w_ptr", "bias_ptr", "y_ptr"], num_warps=8, num_stages=3)
+                            BLOCK_K=64, GROUP_M=8, SPLIT_K=1, K_PARTS=1), ["x_ptr", "w_ptr", "bias_ptr", "y_ptr"],
+                       num_warps=8, num_stages=3)
 NORM = KernelSpec.make(K + "norm", "rms_norm_kernel",
                        [("x_ptr", BF), ("w_ptr", "*fp32"), ("y_ptr", BF), ("eps", "fp32"), ("weight_offset", "fp32")],
                        dict(N=576, X_STRIDE=576, Y_STRIDE=576, BLOCK=1024), ["x_ptr", "w_ptr", "y_ptr"])
@@ -48,7 +50,7 @@ def test_compiles_each_distinct_spec_once_to_consistent_sm90a_cubins(compiled):
         # runtime parameters then Triton's two scratch pointers, naturally aligned
         assert len(info.params) == len(spec.params) + 2
     gemm = read_cubin(kernels[0].cubin)
-    assert gemm.params[4] == (32, 4) and gemm.reqntid == (256, 1, 1)  # M: i32 after four pointers
+    assert gemm.params[6] == (48, 4) and gemm.reqntid == (256, 1, 1)  # M: i32 after six pointers
     assert kernels[0].metadata["shared"] > 48 * 1024  # the pipelined GEMM needs the opt-in
     assert tensor_core_counts(kernels[0].cubin).get("HGMMA", 0) > 0
     assert not tensor_core_counts(kernels[1].cubin)

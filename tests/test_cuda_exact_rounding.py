@@ -53,9 +53,9 @@ def kv_write(codes: int) -> KernelSpec:
 def gemm_fp8(dynamic: bool) -> KernelSpec:
     return KernelSpec.make(K + "gemm_fp8", "gemm_fp8_kernel", [
         ("x_ptr", BF), ("codes_ptr", "*fp8e4nv"), ("scales_ptr", "*fp32"), ("input_scale_ptr", "*fp32"),
-        ("bias_ptr", "*fp32"), ("y_ptr", BF), ("M", "i32")],
+        ("bias_ptr", "*fp32"), ("y_ptr", BF), ("partials_ptr", "*fp32"), ("counters_ptr", "*i32"), ("M", "i32")],
         dict(N=576, K=1536, X_STRIDE=1536, Y_STRIDE=576, DYNAMIC=dynamic, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=64,
-             BLOCK_K=128, GROUP_M=8))
+             BLOCK_K=64, GROUP_M=8, SPLIT_K=4, K_PARTS=4))  # the decode bucket's split of down_proj
 
 
 def _count(ptx: str, instruction: str) -> int:

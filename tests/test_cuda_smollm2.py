@@ -44,7 +44,29 @@ def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine
     # the prefill-sized GEMMs and the flash prefill run on Hopper's warpgroup MMA
     big = [k for k in kernels if k["function"] == "gemm_kernel" and k["constexprs"]["BLOCK_M"] >= 64]
     assert big and all("HGMMA" in k["tensor_core_ops"] for k in big)
+    # decode GEMMs with K in parts: the tile's counter is a gpu-scope atomic after a fence
+    split = [k for k in kernels if k["constexprs"].get("SPLIT_K", 1) > 1]
+    assert split and all(k["function"] == "gemm_kernel" for k in split)
+    for k in split:
+        sass = sass_opcodes(blobs[k["cubin"]])
+        assert sass["ATOMG"] and sass["MEMBAR"], (k["constexprs"], dict(sass))
     assert all("HGMMA" in k["tensor_core_ops"] for k in kernels if k["function"] == "attention_prefill_kernel")
+
+
+@pytest.mark.slow  # builds the SmolLM2 cuda engine (with the test above)
+def test_inspect_shows_each_linear_shapes_tiles_and_split_k(smollm2_cuda_engine):
+    """The lowering's choice per linear shape (lower.split_k: the decode bucket's 16 x 64 tiles
+    times the parts of K within 264 programs), as `bessemer inspect` prints it: o_proj (576
+    x 576: 9 tiles, 9 blocks of K) in 9 parts, down_proj (576 x 1536: 24 blocks) in 24, the
+    lm_head (768 tiles) whole."""
+    info = subprocess.run(["bessemer", "inspect", str(smollm2_cuda_engine)], capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    lines = {line.split("(")[-1].rstrip(")"): line for line in info.stdout.splitlines()
+             if line.startswith("    gemm_kernel")}
+    assert "K parts  9 | <=16: 16x64x64 4w/3s split 9, 81 programs at 16" in lines["model.layers.0.self_attn.o_proj"]
+    assert "K parts 24 | <=16: 16x64x64 4w/3s split 24, 216 programs at 16" in lines["model.layers.0.mlp.down_proj"]
+    assert "x30" in lines["model.layers.0.mlp.down_proj"]  # one row per shape: 30 layers
+    assert "K parts  1 | <=16: 16x64x64 4w/3s split 1, 768 programs at 16" in lines["lm_head"]
 
 
 @pytest.mark.slow  # builds the SmolLM2 cuda engine (with the test above)
@@ -65,7 +87,7 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
     tensor-core dots (HMMA in the 16-row tiles, HGMMA from 64 rows; decode tiles split K
     where the output has few tiles, with an atomic counter per tile), fp8 ones run E4M3 x
     E4M3 on Hopper's FP8 tensor cores (QGMMA) from 64 rows (16-row tiles: HMMA on the codes
-    widened to fp16, exact)."""
+    widened to fp16, exact); every format's decode tiles split K where the output has few tiles."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
     from bessemer.quantization.config import QuantConfig
@@ -81,7 +103,7 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
         blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
                  for t in header["tensors"] if t["name"].startswith("cubin/")}
         gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel", "gemm_fp8_kernel")]
-        split_k_seen = False
+        split_k_seen = set()
         main = {"w4a16": "gemm_w4_kernel", "w8a16": "gemm_w8_kernel", "fp8": "gemm_fp8_kernel"}[quant.mode]
         assert {k["function"] for k in gemms} == {main, "gemm_w8_kernel"}  # + the int8 lm_head
         assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
@@ -94,11 +116,12 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
             want = ("QGMMA" if k["function"] == "gemm_fp8_kernel" else "HGMMA") if big else "HMMA"
             assert want in ops, (k["function"], k["constexprs"]["BLOCK_M"], ops)
             if k["constexprs"].get("SPLIT_K", 1) > 1:  # the tile's counter: a gpu-scope atomic after a fence
-                split_k_seen = True
+                split_k_seen.add(k["function"])
                 sass = sass_opcodes(cubin)
                 assert sass["ATOMG"] and sass["MEMBAR"], dict(sass)
-        if quant.mode == "w4a16":  # the decode tiles of its K = 128 down_proj (4 groups of 32) split K
-            assert split_k_seen
+        # the decode tiles of the K = 128 down_proj (one 16 x 64 tile) split K: 4 groups of 32,
+        # or 2 blocks of 64
+        assert main in split_k_seen
 
 
 @pytest.mark.slow

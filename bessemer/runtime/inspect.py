@@ -24,7 +24,8 @@ def _rank_row(entry: dict, major: int, minor: int, header: dict) -> dict:
         "num_kernel_calls": len(steps), "num_buffers": len(plan["buffers"]),
         "kernel_calls": dict(Counter(f"{s['op']}@{s.get('version', 1)}" for s in steps)),
         "activation_floats_per_token": sum(b["width"] for b in plan["buffers"]),
-        **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]]} if "kernels" in header else {}),
+        **({"compiled_kernels": [_kernel_row(k) for k in header["kernels"]],
+            "gemms": _gemm_rows(plan["forward"], header["kernels"])} if "kernels" in header else {}),
     }
 
 
@@ -89,6 +90,7 @@ def _format_description(info: dict) -> str:
         lines.append("  kernels     " + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernel_calls"].items())))
         lines.append(f"  sha256      {r['sha256']}")
         lines += _kernel_lines(r.get("compiled_kernels") or [])
+        lines += _gemm_lines(r.get("gemms") or [])
     return "\n".join(lines)
 
 
@@ -111,6 +113,59 @@ def _kernel_lines(kernels: list[dict]) -> list[str]:
         lines.append(f"    {k['id']:3d} {k['function']:32s} [{shape}] {k['arch']} {k['registers']:3d} regs "
                      f"{k['shared_bytes'] / 1024:6.1f} KiB {k['num_warps']:2d} warps spills {k['spill_bytes']} "
                      f"{k['tensor_cores']}")
+    return lines
+
+
+def _programs(grid: list, rows: int) -> int:
+    """Programs a launch grid (plan.py: an int or {count, per, times} per dimension) starts
+    for a step of `rows` rows."""
+    total = 1
+    for g in grid:
+        total *= g if isinstance(g, int) else -(-rows // g["per"]) * g["times"]
+    return total
+
+
+def _gemm_rows(forward: list, kernels: list) -> list[dict]:
+    """The lowering's choices per distinct linear GEMM of a cuda plan (function, N, K): how
+    many linears share it and, per bucket of the step's rows, the tile, warps, stages, parts
+    of K and programs along K (split-K), and the programs launched for the bucket's most rows
+    (the last, open bucket: per BLOCK_M rows)."""
+    rows: dict[tuple, dict] = {}
+    for item in forward:
+        if item["op"] != "linear" or "cases" not in item:
+            continue
+        first = kernels[item["cases"][0]["kernel"]]
+        c = first["constexprs"]
+        key = (first["function"], c["N"], c["K"])
+        if key in rows:
+            rows[key]["linears"] += 1
+            continue
+        buckets = []
+        for case in item["cases"]:
+            k = kernels[case["kernel"]]
+            e = k["constexprs"]
+            most = case["max_rows"] or e["BLOCK_M"]
+            buckets.append({"max_rows": case["max_rows"], "tile": [e["BLOCK_M"], e["BLOCK_N"], e["BLOCK_K"]],
+                            "num_warps": k["options"]["num_warps"], "num_stages": k["options"]["num_stages"],
+                            "k_parts": e.get("K_PARTS", 1), "split_k": e.get("SPLIT_K", 1),
+                            "programs": _programs(case["grid"], most), "at_rows": most})
+        rows[key] = {"function": key[0], "N": key[1], "K": key[2], "linears": 1, "first": item["node"],
+                     "buckets": buckets}
+    return list(rows.values())
+
+
+def _gemm_lines(gemms: list[dict]) -> list[str]:
+    if not gemms:
+        return []
+    lines = [f"  gemms       {len(gemms)} linear shapes (function N x K, linears, K parts; per bucket of rows: "
+             "tile M x N x K, warps/stages, programs along K, programs at its most rows)"]
+    for g in gemms:
+        buckets = "; ".join(
+            f"{'<=' + str(b['max_rows']) if b['max_rows'] else 'more'}: {'x'.join(map(str, b['tile']))} "
+            f"{b['num_warps']}w/{b['num_stages']}s split {b['split_k']}, {b['programs']} programs at {b['at_rows']}"
+            for b in g["buckets"])
+        lines.append(f"    {g['function']:16s} {g['N']:6d} x {g['K']:<6d} x{g['linears']:<3d} "
+                     f"K parts {g['buckets'][0]['k_parts']:2d} | {buckets}  ({g['first']})")
     return lines
 
 

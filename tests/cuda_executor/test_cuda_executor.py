@@ -192,6 +192,7 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
 
 @pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None),
                                            pytest.param(KIND, None, "w4a16", marks=pytest.mark.slow),
+                                           pytest.param(KIND, None, "none", marks=pytest.mark.slow),
                                            pytest.param("gpt-oss", None, None, marks=pytest.mark.slow),
                                            pytest.param("gpt-oss", None, "w4a16", marks=pytest.mark.slow)])
 def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, quant_cuda_engine, fake_cuda,
@@ -201,14 +202,18 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
     every launch equal the interpreted launcher's; block = 32 x compiled num_warps, shared
     bytes = the kernel's, Triton's scratch pointers NULL (no kernel asks for scratch).
     kv int8: a one-byte cache whose scales follow each block's codes; the runtime sizes a
-    block as format/kv.py counts it, and the scale pointers are the cache regions. w4a16 g32:
-    the decode GEMMs split K over a second grid axis, with the split-K workspace. gpt-oss: the
-    moe launches (3-D grids, int32 and fp32 workspace arrays) and attention with sinks; with
-    w4a16 its experts' grouped launches (the sort's count argument, bf16 workspace arrays)."""
+    block as format/kv.py counts it, and the scale pointers are the cache regions. w4a16 g32,
+    and bf16 ("none") at intermediate 128: the decode GEMMs split K over a second grid axis,
+    with the split-K workspace. gpt-oss: the moe launches (3-D grids, int32 and fp32
+    workspace arrays) and attention with sinks; with w4a16 its experts' grouped launches (the
+    sort's count argument, bf16 workspace arrays)."""
     if quant:  # widths that are whole numbers of 32-wide groups
         engine = Engine.load(quant_cuda_engine(kind, quant))
         workspace = {w["name"]: w["dtype"] for w in engine.header["plan"]["workspace"]}
         assert workspace.keys() >= {"split_k_partials", "split_k_counters"}
+        if quant == "none":  # the dense down_proj (K 128: two blocks of 64) splits K
+            assert any(k["function"] == "gemm_kernel" and k["constexprs"]["SPLIT_K"] == 2
+                       for k in engine.header["kernels"])
         if kind == "gpt-oss":  # int4 experts: the grouped launches and their bf16 / int32 arrays
             assert workspace["moe_h_grouped"] == "bfloat16" and workspace["moe_sorted"] == "int32"
     else:

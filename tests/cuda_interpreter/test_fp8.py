@@ -1,9 +1,10 @@
 """fp8 cuda engines (issue 22), under the Triton interpreter.
 
-Kernel: gemm_fp8 (static and dynamic activation scales) against linear_fp8_reference, the
-cpu target's definition of linear_fp8 in float64, on the same activations; the only
-difference allowed is fp32 accumulation and the output's rounding (the E4M3 products are
-exact, and the interpreter rounds fp32 -> E4M3 as the GPU does: interpreter.py).
+Kernel: gemm_fp8 (static and dynamic activation scales, K whole and in split-K parts) against
+linear_fp8_reference, the cpu target's definition of linear_fp8 in float64, on the same
+activations; the only difference allowed is fp32 accumulation and the output's rounding (the
+E4M3 products are exact, and the interpreter rounds fp32 -> E4M3 as the GPU does:
+interpreter.py); and a row's bits alone and among 16, 64 and 128 rows.
 Plan: a tiny Llama built with --quant fp8 for --target cuda (dynamic per-token scales,
 nearest rounding, lm_head bf16) vs HF fp32 with the same fp8 weights and each linear input
 rounded to E4M3 with its token's scale, within CUDA_BF16_ERROR_RATIO of the error of the
@@ -19,7 +20,8 @@ import copy
 import numpy as np
 import pytest
 
-from interp_support import assert_rounded_close, device_tensor, host, torch
+from interp_support import assert_rounded_close, assert_row_bits_in_every_bucket, device_tensor, host, \
+    split_k_workspace, torch
 
 from conftest import _hf_model, make_tiny_checkpoint
 from tolerances import CUDA_BF16_ERROR_RATIO
@@ -38,8 +40,9 @@ def _fp8_codes(codes: np.ndarray):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("dynamic", [True, False])
-@pytest.mark.parametrize("m,tile", [(3, (16, 32, 64)), (70, (64, 32, 32))])
-def test_gemm_fp8(dtype, dynamic, m, tile):
+@pytest.mark.parametrize("m,tile,split", [(3, (16, 32, 64), 1), (70, (64, 32, 32), 1), (3, (16, 32, 64), 3),
+                                         (3, (16, 32, 32), 3)])  # split-K: parts of 1 and 2 K blocks
+def test_gemm_fp8(dtype, dynamic, m, tile, split):
     rng = np.random.default_rng(4)
     n, k = 40, 192
     # rows of very different magnitude: a per-token scale must follow each row
@@ -52,12 +55,31 @@ def test_gemm_fp8(dtype, dynamic, m, tile):
     x_scale = None if dynamic else fp8.activation_scale(0.5 * np.abs(host(x)).max())
     y = torch.zeros(m, n, dtype=x.dtype)
     bm, bn, bk = tile
-    gemm_fp8.gemm_fp8_kernel[(-(-m // bm) * -(-n // bn),)](
-        x, _fp8_codes(codes), torch.from_numpy(scales), torch.tensor([x_scale or 1.0], dtype=torch.float32),
-        torch.from_numpy(bias), y, m, N=n, K=k, X_STRIDE=k + 8, Y_STRIDE=n, DYNAMIC=dynamic, HAS_BIAS=True,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+    tiles = -(-m // bm) * -(-n // bn)
+    weights = (_fp8_codes(codes), torch.from_numpy(scales), torch.tensor([x_scale or 1.0], dtype=torch.float32),
+               torch.from_numpy(bias))
+    partials, counters = split_k_workspace(tiles, split, bm, bn)
+    gemm_fp8.gemm_fp8_kernel[(tiles, split)](
+        x, *weights, y, partials, counters, m, N=n, K=k, X_STRIDE=k + 8, Y_STRIDE=n, DYNAMIC=dynamic, HAS_BIAS=True,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split, K_PARTS=split)
     ref = fp8.linear_fp8_reference(host(x).astype(np.float32), codes, scales, x_scale, bias)
-    assert_rounded_close(host(y), ref, dtype, f"gemm_fp8 {'dynamic' if dynamic else 'static'}")
+    assert_rounded_close(host(y), ref, dtype, f"gemm_fp8 {'dynamic' if dynamic else 'static'} split {split}")
+    assert not counters.any()  # reset by each tile's last program, ready for the next linear
+    if split == 1:
+        return
+    xs = device_tensor(rng.normal(size=(128, k + 8)) * np.exp(rng.normal(size=(128, 1)) * 2), dtype)[:, :k]
+
+    def launch(rows, bm, one_program_a_part):
+        programs = split if one_program_a_part else 1
+        out = torch.zeros(rows, n, dtype=torch.float32)
+        tiles = -(-rows // bm) * -(-n // bn)
+        gemm_fp8.gemm_fp8_kernel[(tiles, programs)](
+            xs, *weights, out, *split_k_workspace(tiles, programs, bm, bn), rows, N=n, K=k, X_STRIDE=k + 8,
+            Y_STRIDE=n, DYNAMIC=dynamic, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+            SPLIT_K=programs, K_PARTS=split)
+        return out
+
+    assert_row_bits_in_every_bucket(launch, f"gemm_fp8 in {split} parts")
 
 
 def _fake_quantized_hf(ckpt, dtype: str):

@@ -1,7 +1,8 @@
 """cuda kernels that work row by row, under the Triton interpreter, vs the op set's NumPy
 references (bessemer/plugins/ops.py) on the same rounded inputs: embedding, gather_rows,
 rms_norm, add_rms_norm, rms_norm_heads, add, silu_mul, gelu_tanh_mul, scale, sigmoid_gate_mul,
-rope fused with the KV-cache write, the plain KV-cache write of NoPE layers, and the GEMM.
+rope fused with the KV-cache write, the plain KV-cache write of NoPE layers, and the GEMM (K in
+parts: split-K, and a row's bits alone and among 16, 64 and 128 rows).
 
 Shapes are small and ragged on purpose: widths that are not powers of two or tile
 multiples, views with row strides wider than their width, in-place outputs.
@@ -10,7 +11,8 @@ multiples, views with row strides wider than their width, in-place outputs.
 import numpy as np
 import pytest
 
-from interp_support import assert_rounded_close, device_tensor, host, torch
+from interp_support import assert_rounded_close, assert_row_bits_in_every_bucket, device_tensor, host, \
+    split_k_workspace, torch
 
 from bessemer.format.dtypes import bfloat16_bits_to_float32, to_bfloat16_bits
 from bessemer.plugins import ops
@@ -197,29 +199,34 @@ def test_rope_rotates_q_in_place_and_writes_k_v_to_their_cache_slots(dtype, head
     assert (host(k_cache)[others] == 7.0).all() and (host(v_cache)[others] == 7.0).all()
 
 
-GEMM_CASES = [  # (M, N, K, bias, tile (BLOCK_M, BLOCK_N, BLOCK_K))
-    (1, 40, 88, False, (16, 16, 32)),   # a decode row; N, K not tile multiples
-    (5, 64, 64, True, (16, 32, 32)),
-    (37, 48, 40, True, (16, 16, 16)),   # several M tiles and GROUP_M swizzle
-    (20, 24, 136, False, (32, 16, 64)),
+GEMM_CASES = [  # (M, N, K, bias, tile (BLOCK_M, BLOCK_N, BLOCK_K), parts of K)
+    (1, 40, 88, False, (16, 16, 32), 1),   # a decode row; N, K not tile multiples
+    (5, 64, 64, True, (16, 32, 32), 1),
+    (37, 48, 40, True, (16, 16, 16), 1),   # several M tiles and GROUP_M swizzle
+    (20, 24, 136, False, (32, 16, 64), 1),
+    (3, 72, 192, True, (16, 32, 64), 3),   # split-K: one program a part of one K block
+    (5, 40, 256, False, (16, 16, 32), 4),  # parts of 2 K blocks (parts of one sum as one chain would)
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k,bias,tile", GEMM_CASES)
-def test_gemm(dtype, m, n, k, bias, tile):
+@pytest.mark.parametrize("m,n,k,bias,tile,split", GEMM_CASES)
+def test_gemm(dtype, m, n, k, bias, tile, split):
     rng = np.random.default_rng(5)
     x = device_tensor(rng.normal(size=(m, k + 8)), dtype)[:, :k]  # a view: row stride k + 8
     w = device_tensor(rng.normal(size=(n, k)) / np.sqrt(k), dtype)
     b = torch.from_numpy(rng.normal(size=n).astype(np.float32))
     ref = host(x) @ host(w).T + (b.numpy() if bias else 0.0)
     bm, bn, bk = tile
-    grid = (-(-m // bm) * -(-n // bn),)
+    tiles = -(-m // bm) * -(-n // bn)
     for out_dtype in (torch.float32, x.dtype):  # logits are fp32; other outputs the act dtype
         y = torch.zeros(m, n + 4, dtype=out_dtype)
-        gemm.gemm_kernel[grid](x, w, b, y, m, N=n, K=k, X_STRIDE=k + 8, Y_STRIDE=n + 4, HAS_BIAS=bias,
-                               BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2)
+        partials, counters = split_k_workspace(tiles, split, bm, bn)
+        gemm.gemm_kernel[(tiles, split)](x, w, b, y, partials, counters, m, N=n, K=k, X_STRIDE=k + 8, Y_STRIDE=n + 4,
+                                         HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split,
+                                         K_PARTS=split)
         assert not y[:, n:].any()
+        assert not counters.any()  # reset by each tile's last program, ready for the next linear
         if out_dtype == torch.float32:
             from tolerances import CUDA_GEMM_FP32_RTOL
 
@@ -227,6 +234,20 @@ def test_gemm(dtype, m, n, k, bias, tile):
             assert err <= CUDA_GEMM_FP32_RTOL * np.abs(ref).max(), f"fp32 gemm error {err:.3g}"
         else:
             assert_rounded_close(host(y[:, :n]), ref, dtype, "gemm")
+    if split == 1:
+        return
+    xs = device_tensor(rng.normal(size=(128, k + 8)), dtype)[:, :k]
+
+    def launch(rows, bm, one_program_a_part):
+        programs = split if one_program_a_part else 1
+        out = torch.zeros(rows, n, dtype=torch.float32)
+        tiles = -(-rows // bm) * -(-n // bn)
+        gemm.gemm_kernel[(tiles, programs)](xs, w, b, out, *split_k_workspace(tiles, programs, bm, bn), rows, N=n, K=k,
+                                            X_STRIDE=k + 8, Y_STRIDE=n, HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=bn,
+                                            BLOCK_K=bk, GROUP_M=2, SPLIT_K=programs, K_PARTS=split)
+        return out
+
+    assert_row_bits_in_every_bucket(launch, f"gemm in {split} parts")
 
 
 def _read_quantized_cache(mem: np.ndarray, kind: str, block_size: int, kv_heads: int, head_dim: int):

@@ -15,7 +15,8 @@ import json
 import numpy as np
 import pytest
 
-from interp_support import assert_rounded_close, device_tensor, host, torch
+from interp_support import assert_rounded_close, assert_row_bits_in_every_bucket, device_tensor, host, \
+    split_k_workspace, torch
 
 from conftest import _hf_model, make_tiny_checkpoint
 from tolerances import CUDA_BF16_ERROR_RATIO
@@ -42,11 +43,6 @@ def _bf16(a):
     return torch.from_numpy(np.asarray(a, np.float32)).bfloat16()
 
 
-def _split_k_workspace(tiles: int, split: int, bm: int, bn: int):
-    """(partials, counters) for a split-K launch: counters zero, as the executor leaves them."""
-    return torch.full((tiles * split * bm * bn,), float("nan")), torch.zeros(tiles, dtype=torch.int32)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,tile,split", [(3, (16, 32, 64), 1), (40, (32, 64, 64), 1), (3, (16, 32, 64), 3),
                                          (3, (16, 32, 32), 3)])  # parts of 2 K blocks
@@ -59,7 +55,7 @@ def test_gemm_w8(dtype, m, tile, split):
     y = torch.zeros(m, n, dtype=x.dtype)
     bm, bn, bk = tile
     tiles = -(-m // bm) * -(-n // bn)
-    partials, counters = _split_k_workspace(tiles, split, bm, bn)
+    partials, counters = split_k_workspace(tiles, split, bm, bn)
     gemm_quant.gemm_w8_kernel[(tiles, split)](
         x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), y, partials, counters, m,
         N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split,
@@ -68,18 +64,19 @@ def test_gemm_w8(dtype, m, tile, split):
     assert_rounded_close(host(y), ref, dtype, f"gemm_w8 split {split}")
     assert not counters.any()  # reset by each tile's last program, ready for the next linear
 
-    # the instantiation of a bigger bucket (64-row tiles, one program a tile looping over the
-    # same parts, lower.py) gives these rows the same bits: batch invariance (fp32 outputs, as
-    # the logits are, so that no rounding hides a difference)
-    outputs = []
-    for rows, programs in ((bm, split), (64, 1)):
-        out = torch.zeros(m, n, dtype=torch.float32)
-        gemm_quant.gemm_w8_kernel[(-(-m // rows) * -(-n // bn), programs)](
-            x, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), out, partials, counters, m,
-            N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True, BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-            SPLIT_K=programs, K_PARTS=split)
-        outputs.append(out.numpy())
-    np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=f"one program over {split} parts vs {split} programs")
+    xs = device_tensor(rng.normal(size=(128, k)), dtype)
+
+    def launch(rows, bm, one_program_a_part):
+        programs = split if one_program_a_part else 1
+        out = torch.zeros(rows, n, dtype=torch.float32)
+        tiles = -(-rows // bm) * -(-n // bn)
+        gemm_quant.gemm_w8_kernel[(tiles, programs)](
+            xs, torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(bias), out,
+            *split_k_workspace(tiles, programs, bm, bn), rows, N=n, K=k, X_STRIDE=k, Y_STRIDE=n, HAS_BIAS=True,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=programs, K_PARTS=split)
+        return out
+
+    assert_row_bits_in_every_bucket(launch, f"gemm_w8 in {split} parts")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,7 +95,7 @@ def test_gemm_w4(dtype, zero_point, group, split):
     offsets = _bf16(offset) if zero_point else torch.empty(0, dtype=torch.bfloat16)
     block_k = min(64, group)
     tiles = -(-n // 32)
-    partials, counters = _split_k_workspace(tiles, split, 16, 32)
+    partials, counters = split_k_workspace(tiles, split, 16, 32)
     gemm_quant.gemm_w4_kernel[(tiles, split)](
         x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), y, partials, counters, m, N=n, K=k, GROUP=group,
         X_STRIDE=k + 8, Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k,
@@ -107,18 +104,20 @@ def test_gemm_w4(dtype, zero_point, group, split):
     assert_rounded_close(host(y), ref, dtype, f"gemm_w4 split {split}")
     assert not counters.any()
 
-    # the instantiation of a bigger bucket (64-row tiles, one program a tile looping over the
-    # same parts, lower.py) gives these rows the same bits: batch invariance (fp32 outputs, as
-    # the logits are, so that no rounding hides a difference)
-    outputs = []
-    for bm, programs in ((16, split), (64, 1)):
-        out = torch.zeros(m, n, dtype=torch.float32)
+    xs = device_tensor(rng.normal(size=(128, k + 8)), dtype)[:, :k]
+
+    def launch(rows, bm, one_program_a_part):
+        programs = split if one_program_a_part else 1
+        out = torch.zeros(rows, n, dtype=torch.float32)
+        tiles = -(-rows // bm) * -(-n // 32)
         gemm_quant.gemm_w4_kernel[(tiles, programs)](
-            x, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), out, partials, counters, m, N=n, K=k,
-            GROUP=group, X_STRIDE=k + 8, Y_STRIDE=n, SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=32,
-            BLOCK_K=block_k, GROUP_M=8, SPLIT_K=programs, K_PARTS=split)
-        outputs.append(out.numpy())
-    np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=f"one program over {split} parts vs {split} programs")
+            xs, _int4_bytes(codes), _bf16(scale), offsets, torch.empty(0), out,
+            *split_k_workspace(tiles, programs, bm, 32), rows, N=n, K=k, GROUP=group, X_STRIDE=k + 8, Y_STRIDE=n,
+            SYMMETRIC=not zero_point, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=32, BLOCK_K=block_k, GROUP_M=8,
+            SPLIT_K=programs, K_PARTS=split)
+        return out
+
+    assert_row_bits_in_every_bucket(launch, f"gemm_w4 in {split} parts")
 
 
 def test_embedding_w8_reads_the_int8_table():

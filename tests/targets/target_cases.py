@@ -105,7 +105,7 @@ CUDA = {
     "sigmoid_gate_mul": Case(_ROWS, "test_sigmoid_gate_mul", _BF16),
     "rope": Case(_ROWS, "test_rope_rotates_q_in_place_and_writes_k_v_to_their_cache_slots", dict(
         _BF16, heads=6, kv_heads=2, head_dim=32, rotary_dim=16, scaling=1.0)),
-    "linear": Case(_ROWS, "test_gemm", dict(_BF16, m=5, n=64, k=64, bias=True, tile=(16, 32, 32))),
+    "linear": Case(_ROWS, "test_gemm", dict(_BF16, m=3, n=72, k=192, bias=True, tile=(16, 32, 64), split=3)),
     "attention": Case(_ATTENTION, _ATTENTION_TEST, dict(_BF16, kv=None, sinks=False, heads=6, kv_heads=2, head_dim=32,
                                                         block_size=4, window=5, splits=3, tiles=_TILES)),
     "attention_sinks": Case(_ATTENTION, _ATTENTION_TEST, dict(_BF16, kv=None, sinks=True, heads=4, kv_heads=2,
@@ -115,7 +115,7 @@ CUDA = {
                                                                                    norm=0, bias=True)),
     "linear:Int8PerChannel": Case(_QUANTIZED, "test_gemm_w8", dict(_BF16, m=3, tile=(16, 32, 64), split=3)),
     "linear:Int4Group": Case(_QUANTIZED, "test_gemm_w4", dict(_BF16, zero_point=True, group=32, split=4)),
-    "linear:Fp8E4M3": Case(_FP8, "test_gemm_fp8", dict(_BF16, dynamic=True, m=3, tile=(16, 32, 64))),
+    "linear:Fp8E4M3": Case(_FP8, "test_gemm_fp8", dict(_BF16, dynamic=True, m=3, tile=(16, 32, 64), split=3)),
     "embedding:Int8PerChannel": Case(_QUANTIZED, "test_embedding_w8_reads_the_int8_table"),
     # int8 and int4 experts: one kernel family (BITS); the int4 asymmetric, gpt-oss-rows case
     "moe:ExpertStack": Case("cuda_interpreter/test_moe_grouped.py", "test_grouped_quantized_experts_match_reference",

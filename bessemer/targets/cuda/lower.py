@@ -9,7 +9,8 @@ model as constexprs; what differs from the cpu plan:
 - attention is a flash prefill launch over the step's prefill tiles plus a split-K decode
   launch and its reduction over the decode rows, which merge the same 64-key blocks in the
   same order (kernels/attention.py);
-- linear is a RowSwitch: one GEMM instantiation per bucket of M (tile configs below);
+- linear is a RowSwitch: one GEMM instantiation per bucket of M (tile configs below), K summed
+  in the parts split_k chooses from the linear's shape (one program a part for decode rows);
 - the plan ends with the device sampler (sample launches).
 """
 
@@ -37,8 +38,9 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 # share its step.
 GEMM_CONFIGS = ((16, 16, 64, 4, 3), (64, 64, 64, 4, 4), (None, 128, 128, 8, 3))
 GEMM_BLOCK_K = 64
-# split-K for the weight-only GEMMs' decode tiles: enough programs for two per SM of an
-# H100/H200 (132 SMs), so that every SM streams weights while few output tiles exist
+# split-K for every linear's decode tiles (dense, fp8, int8, int4: kernels/split_k.py): enough
+# programs for two per SM of an H100/H200 (132 SMs), so that every SM streams weights while
+# few output tiles exist
 SPLIT_K_PROGRAMS = 264
 SPLIT_K_MAX_ROWS = 16  # the decode bucket
 ATTN_BLOCK_M, ATTN_BLOCK_N = 64, 64
@@ -280,26 +282,21 @@ def _lower_linear(lw: _Lowering, n) -> list:
     cases = []
     bk = min(GEMM_BLOCK_K, max_bk)
     decode_rows, decode_bm, decode_bn = GEMM_CONFIGS[0][:3]
-    k_parts = split_k(cdiv(decode_rows, decode_bm) * cdiv(big_n, min(decode_bn, max_bn)), big_k, bk) \
-        if family == "gemm_quant" else 1
+    k_parts = split_k(cdiv(decode_rows, decode_bm) * cdiv(big_n, min(decode_bn, max_bn)), big_k, bk)
     for max_rows, bm, bn, warps, stages in GEMM_CONFIGS:
         bn = min(bn, max_bn)
         tiles = cdiv(max_rows or 1, bm) * cdiv(big_n, bn)
         parts = k_parts if max_rows is not None and max_rows <= SPLIT_K_MAX_ROWS else 1  # programs along K
-        workspace = []
-        if family == "gemm_quant":  # their kernels take the split-K workspace (unread with one part)
-            lw.split_k["partials"] = max(lw.split_k["partials"], tiles * parts * bm * bn if parts > 1 else 0)
-            lw.split_k["counters"] = max(lw.split_k["counters"], tiles if parts > 1 else 0)
-            workspace = [("partials_ptr", "*fp32", {"workspace": "split_k_partials"} if parts > 1 else {"null": True},
-                          parts > 1),
-                         ("counters_ptr", "*i32", {"workspace": "split_k_counters"} if parts > 1 else {"null": True},
-                          parts > 1)]
-        split = dict(SPLIT_K=parts, K_PARTS=k_parts) if family == "gemm_quant" else {}
+        lw.split_k["partials"] = max(lw.split_k["partials"], tiles * parts * bm * bn if parts > 1 else 0)
+        lw.split_k["counters"] = max(lw.split_k["counters"], tiles if parts > 1 else 0)
+        workspace = [(f"{array}_ptr", dtype, {"workspace": f"split_k_{array}"} if parts > 1 else {"null": True},
+                      parts > 1) for array, dtype in (("partials", "*fp32"), ("counters", "*i32"))]
         grid = ((count, bm, cdiv(big_n, bn)), parts, 1)
         cases.append((max_rows, lw.launch(n, family, function, grid, params + workspace + [
             ("M", "i32", {"count": count}, False)], dict(
             N=big_n, K=big_k, X_STRIDE=lw.stride(x), Y_STRIDE=lw.stride(y), HAS_BIAS=bias is not None,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **extra, **split), warps, stages)))
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **extra, SPLIT_K=parts, K_PARTS=k_parts),
+            warps, stages)))
     return [RowSwitch(n.name, n.op, count, tuple(cases))]
 
 

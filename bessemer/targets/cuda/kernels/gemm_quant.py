@@ -13,35 +13,20 @@ tensor-core dots with fp32 accumulation. The codes are the target-neutral format
   even and an odd k: the x tile is read as its even and its odd columns and the two nibble
   planes each take one dot.
 
-The dequantizing steps (int8_codes, int4_x_planes, int4_group_block) are shared with the
-quantized expert GEMMs (kernels/moe_grouped.py). Tiles per bucket of M as the dense GEMM
-(lowering: GEMM_CONFIGS), K blocks of at most 64.
+The dequantizing steps (gemm.weight_operand for int8, int4_x_planes, int4_group_block) are
+shared with the quantized expert GEMMs (kernels/moe_grouped.py). Tiles per bucket of M as the
+dense GEMM (lowering: GEMM_CONFIGS), K blocks of at most 64.
 
-Split-K (decode): with a few rows there are too few output tiles to keep every SM streaming
-weights, so the K range is cut into K_PARTS parts; with SPLIT_K = K_PARTS (grid axis 1) each
-program streams its part of the codes once and stores its fp32 partial tile; the last program
-of a tile to arrive (a counter per tile) sums the partials in part order and writes y. The
-sum's order is fixed, so results do not depend on which program finishes first (CUDA-graph
-replays and eager steps stay bit-equal). The counters (int32, zero at load) are reset by that
-last program, ready for the next linear that uses them. K_PARTS is a function of the linear's
-shape, not of the step's rows: the instantiations for more rows (SPLIT_K = 1) compute the same
-parts one after the other in one program and sum them in the same order, so a row's result
-does not depend on the bucket its step falls in.
+Split-K: K is summed in the linear's K_PARTS parts, one program a part in the decode bucket
+(kernels/split_k.py), as the dense and fp8 GEMMs do; the x @ codes^T of the int8 kernel is the
+dense GEMM's tile (gemm.gemm_tile reads int8 codes).
 """
 
 import triton
 import triton.language as tl
 
-from bessemer.targets.cuda.kernels.gemm import output_tile
-
-
-@triton.jit
-def int8_codes(w_cols, k, n_ok, K: tl.constexpr, dtype: tl.constexpr):
-    """The int8 codes of output columns w_cols ([1, BLOCK_N] row pointers) at input rows k
-    ([BLOCK_K]) as a [BLOCK_K, BLOCK_N] dot operand of dtype: |code| <= 127 is exact in bf16
-    and fp16, so the dot is of x and the codes and the channel scale multiplies its result."""
-    b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0)
-    return b.to(tl.float32).to(dtype)
+from bessemer.targets.cuda.kernels.gemm import gemm_tile, output_tile, store_tile
+from bessemer.targets.cuda.kernels.split_k import part_range, program_parts, split_k_done
 
 
 @triton.jit
@@ -81,53 +66,6 @@ def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offse
 
 
 @triton.jit
-def _part_range(k_part, K: tl.constexpr, K_PARTS: tl.constexpr):
-    """[k_start, k_stop) of part `k_part` of K; K_PARTS divides K."""
-    size: tl.constexpr = K // K_PARTS
-    return k_part * size, k_part * size + size
-
-
-@triton.jit
-def _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT_K: tl.constexpr):
-    """SPLIT_K == 1: (acc, true). Else stores this split's partial tile and returns (the sum
-    of every split's partial in split order, true) in the tile's last program to arrive,
-    (zeros, false) in the others. partials: fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N];
-    counters: int32 [tiles]."""
-    if SPLIT_K == 1:
-        total = acc
-        last = tl.program_id(1) == 0  # always: the one split
-    else:
-        tile = tl.program_id(0).to(tl.int64)
-        cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        mine = partials_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N)
-        tl.store(mine + tl.program_id(1) * (BLOCK_M * BLOCK_N) + cells, acc)
-        tl.debug_barrier()  # every thread's part of the tile is stored before the counter moves
-        arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel")
-        last = arrived == SPLIT_K - 1
-        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if last:
-            for j in range(SPLIT_K):  # the same order whichever program arrives last
-                total += tl.load(mine + j * (BLOCK_M * BLOCK_N) + cells, cache_modifier=".cg")
-            tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed")
-    return total, last
-
-
-@triton.jit
-def _w8_part(x_rows, w_cols, m_ok, n_ok, k_part, K: tl.constexpr, K_PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x @ codes^T over part `k_part` of K (fp32, (BLOCK_M, BLOCK_N)), from zero."""
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_start, k_stop = _part_range(k_part, K, K_PARTS)
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        k = k0 + rk
-        a = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
-        acc = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), acc)
-    return acc
-
-
-@triton.jit
 def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, counters_ptr, M,
                    N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, Y_STRIDE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -135,24 +73,11 @@ def gemm_w8_kernel(x_ptr, codes_ptr, scales_ptr, bias_ptr, y_ptr, partials_ptr, 
     """x: (M, K) activations; codes int8 [N, K]; scales fp32 [N]; y = (x @ codes^T) * scales
     (+ bias); partials / counters: the split-K workspace (read when SPLIT_K > 1); SPLIT_K is
     K_PARTS or 1. Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)."""
-    rm, rn = output_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    m_ok, n_ok = rm < M, rn < N
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
-    w_cols = codes_ptr + rn.to(tl.int64)[None, :] * K
-    if SPLIT_K == K_PARTS:  # one part a program (the only one when K_PARTS == 1)
-        acc = _w8_part(x_rows, w_cols, m_ok, n_ok, tl.program_id(1), K, K_PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
-        acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
-    else:  # every part here, summed in the order _split_k_done sums them
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for part in range(K_PARTS):
-            acc += _w8_part(x_rows, w_cols, m_ok, n_ok, part, K, K_PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
-        done = True
+    acc, done, rm, rn, m_ok, n_ok = gemm_tile(x_ptr, codes_ptr, partials_ptr, counters_ptr, M, N, K, X_STRIDE,
+                                              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, K_PARTS)
     if done:
         acc *= tl.load(scales_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        store_tile(y_ptr, acc, bias_ptr, rm, rn, m_ok, n_ok, Y_STRIDE, HAS_BIAS)
 
 
 @triton.jit
@@ -169,21 +94,14 @@ def gemm_w4_kernel(x_ptr, codes_ptr, scales_ptr, offsets_ptr, bias_ptr, y_ptr, p
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * X_STRIDE
     w_cols = codes_ptr + rn.to(tl.int64)[None, :] * (K // 2)
     p_cols = rn.to(tl.int64) * (K // GROUP)
-    if SPLIT_K == K_PARTS:  # one part a program (the only one when K_PARTS == 1)
-        acc = _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, tl.program_id(1), K, GROUP,
-                       K_PARTS, SYMMETRIC, BLOCK_M, BLOCK_N, BLOCK_K)
-        acc, done = _split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
-    else:  # every part here, summed in the order _split_k_done sums them
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for part in range(K_PARTS):
-            acc += _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, part, K, GROUP, K_PARTS,
-                            SYMMETRIC, BLOCK_M, BLOCK_N, BLOCK_K)
-        done = True
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first, stop = program_parts(SPLIT_K, K_PARTS)
+    for part in range(first, stop):  # in the order split_k_done sums the parts
+        acc += _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, part, K, GROUP, K_PARTS,
+                        SYMMETRIC, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc, done = split_k_done(acc, partials_ptr, counters_ptr, BLOCK_M, BLOCK_N, SPLIT_K)
     if done:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        y = y_ptr + rm.to(tl.int64)[:, None] * Y_STRIDE + rn[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        store_tile(y_ptr, acc, bias_ptr, rm, rn, m_ok, n_ok, Y_STRIDE, HAS_BIAS)
 
 
 @triton.jit
@@ -194,7 +112,7 @@ def _w4_part(x_rows, w_cols, p_cols, scales_ptr, offsets_ptr, m_ok, n_ok, k_part
     HALF: tl.constexpr = BLOCK_K // 2
     j = tl.arange(0, HALF)  # byte j of the block: k0 + 2j (low nibble) and k0 + 2j + 1 (high)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_start, k_stop = _part_range(k_part, K, K_PARTS)
+    k_start, k_stop = part_range(k_part, K, K_PARTS)
     for k0 in range(k_start, k_stop, BLOCK_K):
         x_even, x_odd = int4_x_planes(x_rows, m_ok, k0, j, K)
         acc = int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K, GROUP,

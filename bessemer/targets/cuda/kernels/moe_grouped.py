@@ -26,8 +26,8 @@ token's result does not depend on the other tokens of the step or on program ord
 Stored codes (ExpertStack: each expert's (N, K) in its inner format, stacked as (E*N, K) rows,
 row-major): gate_up rows e * 2I + i * ROW_STRIDE (gate) and UP_OFFSET further (up): per-expert
 [gate; up] blocks (ROW_STRIDE 1, UP_OFFSET I) or gpt-oss's interleaved pairs (2, 1); down rows
-e * H + n. The int8 / int4 dequantizing steps are the dense quantized GEMMs'
-(kernels/gemm_quant.py). MXFP4 (MXFP4=True): the same rows, E2M1 codes two a byte (k even
+e * H + n. The int8 / int4 dequantizing steps are the dense GEMMs'
+(kernels/gemm.py, kernels/gemm_quant.py). MXFP4 (MXFP4=True): the same rows, E2M1 codes two a byte (k even
 low) and one E8M0 scale byte per 32 of K. fp8 (FP8=True, BITS=8): E4M3 codes and an fp32
 scale per row; each matmul input row (x[t] for gate/up, h[slot] for down) is scaled by its
 own max |row| / 448 and rounded to E4M3 (kernels/fp8_activations.py, as the dense fp8 GEMM
@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 
 from bessemer.targets.cuda.kernels.fp8_activations import e4m3_row_scales, e4m3_rows
-from bessemer.targets.cuda.kernels.gemm_quant import int4_group_block, int4_x_planes, int8_codes
+from bessemer.targets.cuda.kernels.gemm import weight_operand
+from bessemer.targets.cuda.kernels.gemm_quant import int4_group_block, int4_x_planes
 from bessemer.targets.cuda.kernels.moe import expert_activation
 
 
@@ -155,7 +156,7 @@ def _expert_dot(acc, x_rows, r_ok, s_x, codes_ptr, scales_ptr, offsets_ptr, w_ro
                 b = tl.load(w_cols + k[:, None], mask=n_ok[None, :] & (k[:, None] < K), other=0.0)
                 part = tl.dot(e4m3_rows(a, s_x), b, part, max_num_imprecise_acc=BLOCK_K)
             else:
-                part = tl.dot(a, int8_codes(w_cols, k, n_ok, K, a.dtype), part)
+                part = tl.dot(a, weight_operand(w_cols, k, n_ok, K, a.dtype), part)
         # s_x: each row's E4M3 scale, or ones (exact) for int8
         acc += part * (s_x[:, None] * tl.load(scales_ptr + w_rows, mask=n_ok, other=0.0)[None, :])
     else:
