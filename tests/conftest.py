@@ -119,11 +119,20 @@ def make_tiny_checkpoint(kind: str, out: Path, seed: int = 0, **extra) -> Path:
     return out
 
 
+# Set by a test that runs pytest in a child process (test_cuda_interpreter.py) to its own
+# run_dir: the child's build_once then finds what the run built (tiny checkpoints, cuda
+# engines) instead of building it again in a directory of its own.
+RUN_DIR_ENV = "BESSEMER_TEST_RUN_DIR"
+
+
 @pytest.fixture(scope="session")
 def run_dir(request, tmp_path_factory) -> Path:
     """A directory of this run that every pytest-xdist worker sees (the workers' base temp
-    dirs' common parent); a plain run's own base temp dir. (A worker is told by its config,
-    not by PYTEST_XDIST_WORKER, which the pytest children some tests start inherit.)"""
+    dirs' common parent); a plain run's own base temp dir; a child pytest's parent's run_dir
+    when RUN_DIR_ENV names it. (A worker is told by its config, not by PYTEST_XDIST_WORKER,
+    which the pytest children some tests start inherit.)"""
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
     base = tmp_path_factory.getbasetemp()
     return base.parent if hasattr(request.config, "workerinput") else base
 
@@ -319,6 +328,11 @@ def pytest_collection_modifyitems(config, items):
         fixture_defs = getattr(item, "_fixtureinfo", None)
         if fixture_defs and any(defs[-1].scope == "module" for defs in fixture_defs.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # Longest first: xdist hands out the groups (largest first), then the other tests in this
+    # order, each to whichever worker asks. With the slow tests (up to two minutes each) ahead
+    # of the thousand quick ones, the quick ones even out the two workers at the end instead of
+    # one worker finishing a slow test alone. A stable sort: a group's tests keep their order.
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("xdist_group")))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RUN_DIR_ENV
+
 pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
 
 HERE = Path(__file__).resolve().parent
@@ -33,8 +35,10 @@ UNITS = [f"{name}::{fn}" for name in FILES if name in SPLIT_BY_FUNCTION for fn i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", UNITS)
-def test_under_the_triton_interpreter(name):
-    env = dict(os.environ, TRITON_INTERPRET="1")
+def test_under_the_triton_interpreter(name, run_dir):
+    # the child shares this run's checkpoints and engines (conftest.run_dir): the units of
+    # test_plans.py build the same tiny cuda engines
+    env = dict(os.environ, TRITON_INTERPRET="1", **{RUN_DIR_ENV: str(run_dir)})
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           str(HERE / "cuda_interpreter" / name)], env=env, cwd=HERE.parent,
                          capture_output=True, text=True)

@@ -70,6 +70,22 @@ def test_more_accurate_than_the_one_level_g32_grids():
     assert sqnr_db(w, two) > sqnr_db(w, six)
 
 
+def test_the_search_in_row_blocks_equals_the_search_of_the_whole_weight():
+    """sub_block_params searches SEARCH_ROWS rows at a time (for speed): bit for bit what one
+    search over every row gives (rows are independent), importance weights or not."""
+    rng = np.random.default_rng(7)
+    w = _weights(rng, 2 * sb.SEARCH_ROWS + 37, 192)
+    w[5] = 0.0  # an all-zero row
+    g = w.reshape(w.shape[0], -1, sb.SUB)
+    for importance in (None, rng.random(192).astype(np.float32)):
+        h = np.ones(192, np.float32) if importance is None else importance
+        h = np.maximum(h, 1e-12 * float(h.max()))  # sub_block_params' floor
+        whole = sb._search(g, h.reshape(1, -1, sb.SUB))
+        blocked = sb.sub_block_params(w, importance)
+        for a, b in zip(blocked, whole):
+            assert a.dtype == np.float32 and np.array_equal(a, b)
+
+
 def test_gptq_codes_lie_on_the_grid_and_lower_the_output_error():
     rng = np.random.default_rng(3)
     w = _weights(rng, 32, 256)

@@ -39,6 +39,10 @@ SUB_LEVELS = 255  # largest sub-scale / sub-minimum code (8 bits)
 # each refitted by least squares. Shrinking the range clips the extreme weights of a
 # sub-block when the others gain more than they lose.
 RANGE_FACTORS = np.linspace(0.7, 1.1, 17)
+# Rows searched at once: rows are independent, and blocks of 128 keep the search's NumPy
+# temporaries (about 25 per range factor) in cache; SmolLM2's 3072 x 576 gate|up weight
+# searched whole took 1.5-2x the CPU time.
+SEARCH_ROWS = 128
 
 
 def super_block_size(k: int) -> int | None:
@@ -54,8 +58,9 @@ def _weighted_fit(g: np.ndarray, h: np.ndarray, codes: np.ndarray) -> tuple[np.n
     """Least-squares (scale, minimum) of g ~= scale * codes + minimum with weights h, the
     minimum kept <= 0. g, codes: (..., SUB); h: (SUB,) or broadcastable. Returns (...,) each."""
     sw = h.sum(axis=-1) * np.ones(g.shape[:-1], np.float32)
-    sq, sqq = (h * codes).sum(-1), (h * codes * codes).sum(-1)
-    sw_, sqw = (h * g).sum(-1), (h * codes * g).sum(-1)
+    hc = h * codes
+    sq, sqq = hc.sum(-1), (hc * codes).sum(-1)
+    sw_, sqw = (h * g).sum(-1), (hc * g).sum(-1)
     det = sw * sqq - sq * sq
     ok = det > 0
     safe = np.where(ok, det, 1.0)
@@ -85,6 +90,14 @@ def sub_block_params(w: np.ndarray, importance: np.ndarray | None = None) -> tup
     g = np.asarray(w, np.float32).reshape(n, k // SUB, SUB)
     h = np.ones(k, np.float32) if importance is None else np.asarray(importance, np.float32).reshape(k)
     h = np.maximum(h, 1e-12 * max(float(h.max()), 1e-30)).reshape(1, k // SUB, SUB)
+    scale, minimum = np.empty((n, k // SUB), np.float32), np.empty((n, k // SUB), np.float32)
+    for r in range(0, n, SEARCH_ROWS):
+        scale[r:r + SEARCH_ROWS], minimum[r:r + SEARCH_ROWS] = _search(g[r:r + SEARCH_ROWS], h)
+    return scale, minimum
+
+
+def _search(g: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sub_block_params of the sub-blocks g (rows, K // SUB, SUB) with importance h (1, K // SUB, SUB)."""
     lo = np.minimum(g.min(-1), 0.0)
     hi = np.maximum(g.max(-1), lo)
     best_s = (hi - lo) / (prim.INT4_LEVELS - 1)

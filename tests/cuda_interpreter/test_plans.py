@@ -38,6 +38,10 @@ def _prompts(lengths, seed=1):
     return [rng.integers(0, 250, n).tolist() for n in lengths]
 
 
+# the prompts of the logits tests and the tokens of each scored in prefill (the rest: decode rows)
+PROMPT_LENGTHS, PREFILL = (6, 13, 2, 27), 24
+
+
 def _error_bound(ckpt, ids):
     ref32 = hf_logits(ckpt, ids)
     return ref32, CUDA_BF16_ERROR_RATIO * np.abs(hf_logits(ckpt, ids, dtype="bfloat16") - ref32).max()
@@ -45,13 +49,16 @@ def _error_bound(ckpt, ids):
 
 @pytest.mark.parametrize("kind", CUDA_FAMILIES)
 def test_chunked_prefill_and_decode_logits_match_hf(kind, tiny_checkpoint, cuda_engine):
-    """Prompts of 6, 13, 2 and 27 tokens: the first 20 of each in prefill, chunked by
-    max_num_tokens=24 across steps (the 27-token prompt's second chunk attends to its
-    cached first chunk), then one decode row per step."""
+    """Prompts of 6, 13, 2 and 27 tokens: the first 24 of each in prefill, chunked by
+    max_num_tokens=24 across two steps (the 27-token prompt's second chunk attends to its
+    cached first chunk), then its last 3 tokens one decode row per step (the first starts a
+    KV block of 4, the others read it part-filled). Every position of every prompt is
+    compared; each interpreted step costs seconds, so the decode rows are the few that prove
+    the decode path."""
     ckpt = tiny_checkpoint(kind)
     llm = _llm(cuda_engine(kind, **ENGINE_OPTIONS.get(kind, {})))
-    prompts = _prompts([6, 13, 2, 27])
-    for ids, got in zip(prompts, llm.score(prompts, num_prefill=20)):
+    prompts = _prompts(PROMPT_LENGTHS)
+    for ids, got in zip(prompts, llm.score(prompts, num_prefill=PREFILL)):
         ref, bound = _error_bound(ckpt, ids)
         err = np.abs(got - ref).max()
         print(f"{kind}, {len(ids)} tokens: max |engine - HF fp32| = {err:.4g}, {err / bound:.2f} of the bound")
@@ -72,9 +79,9 @@ def test_moe_families_match_hf_away_from_routing_ties(kind, tiny_checkpoint, cud
 
     ckpt = tiny_checkpoint(kind)
     llm = _llm(cuda_engine(kind))
-    prompts = _prompts([6, 13, 2, 27])
+    prompts = _prompts(PROMPT_LENGTHS)
     compared = total = 0
-    for ids, got in zip(prompts, llm.score(prompts, num_prefill=20)):
+    for ids, got in zip(prompts, llm.score(prompts, num_prefill=PREFILL)):
         ref, bound = _error_bound(ckpt, ids)
         margin = moe_routing_margin(ckpt, ids)
         keep = np.ones(len(ids), bool) if margin is None else margin >= MOE_ROUTING_TIE_MARGIN
