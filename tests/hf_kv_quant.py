@@ -22,8 +22,9 @@ def register_hf_kvq(kind: str) -> str:
     def attention(module, query, key, value, mask, **kwargs):
         import torch
 
-        def fq(x):  # x: (B, Hkv, T, D): rows are (token, head)
-            return torch.from_numpy(kvq.fake_quantize_kv(x.detach().float().numpy(), kind)).to(x.dtype)
+        def fq(x):  # x: (B, Hkv, T, D): rows are (token, head); on any device (the GPU check's too)
+            rows = x.detach().float().cpu().numpy()
+            return torch.from_numpy(kvq.fake_quantize_kv(rows, kind)).to(device=x.device, dtype=x.dtype)
 
         return eager_attention_forward(module, query, fq(key), fq(value), mask, **kwargs)
 

@@ -11,11 +11,20 @@ and the stages that need it are skipped.
 
     python tests/gpu/check.py --out OUT --work DIR [--budget-s S] [--rehearse] [--stage-limit NAME=S ...]
 
+Every engine's correctness stage runs before its speed stages, and a speed stage needs it:
+when the engine's logits (or any comparison) do not hold, its speeds are skipped ("needs
+correctness-X"), never reported. bf16 engines are compared with HF fp32 (error <= 2x HF
+bf16's, tests/tolerances.py BF16_ERROR_RATIO); quantized ones with HF running the engine's own
+codes and scales (quant_reference.py), within CUDA_BF16_ERROR_RATIO of that reference's bf16
+error, as the cuda interpreter tests hold them. The first correctness stage of a run runs with
+BESSEMER_CUDA_SYNC=1 (a synchronize after every launch: a fault names its node and kernel).
+Percentages are of the peaks of the device found (gpu_peaks.py), named beside them.
+
 --rehearse runs every stage on CPU at tiny shapes (rehearsal.py): the C++ executor's whole
-path against the fake driver (BESSEMER_LIBCUDA), the 135m comparisons on logits the
-engine's launch list computes through the Triton interpreter (TRITON_INTERPRET=1), the
-graph-vs-eager comparison on the fake driver's launch records; speed figures are listed
-as not measurable on CPU.
+path against the fake driver (BESSEMER_LIBCUDA), the comparisons of 135m, 8b (head_dim 128)
+and every quantized engine on logits the engine's launch list computes through the Triton
+interpreter (TRITON_INTERPRET=1), the graph-vs-eager comparison on the fake driver's launch
+records; speed figures are listed as not measurable on CPU.
 """
 
 from __future__ import annotations
@@ -32,30 +41,23 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: tolerances, hf_kv_quant
 sys.path.insert(0, str(HERE))
 
+import gpu_disk  # noqa: E402
 import gpu_measure as gm  # noqa: E402
 import gpu_models as models  # noqa: E402
+import gpu_peaks  # noqa: E402
+import quant_reference  # noqa: E402
 import rehearsal  # noqa: E402
 from report import quant_summary_table, summary_table  # noqa: E402
+from tolerances import BF16_ERROR_RATIO, CUDA_BF16_ERROR_RATIO  # noqa: E402
 
-ENGINES = {  # build options per engine (the 8B ones serve 128 concurrent requests); a name is
-    # its checkpoint's shape, then what differs: "8b-w4a16" is the 8B checkpoint quantized
-    "135m": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
-    "1b": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
-    "8b": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048),
-    # --suite quant (issue 22): random weights are fine for speed (accuracy is measured on the
-    # cpu target with the same codes), so no calibration: RTN int4 and nearest-rounded fp8
-    "8b-w4a16": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
-                     quant=dict(mode="w4a16", group_size=128)),
-    "8b-fp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
-                   quant=dict(mode="fp8", fp8_rounding="nearest")),
-    "8b-fp8-kvfp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
-                         quant=dict(mode="fp8", fp8_rounding="nearest"), kv_cache_dtype="fp8"),
-}
+ENGINES = models.ENGINES
 KV_CACHE_GIB = {"135m": 4.0, "1b": 8.0, "8b": 24.0}  # leaves room for the HF models in the same process
 REHEARSAL_KV_GIB = 0.05
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)  # --suite quant: where int4's decode advantage over bf16 ends
@@ -66,14 +68,29 @@ def shape_of(engine: str) -> str:
     return engine.split("-")[0]
 # teacher-forced prompts (count, tokens) and greedy tokens per comparison; the rehearsal's
 # interpreter runs ~0.5 s per step, hence its smaller sizes
-SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), prefix=(160, 96)),
-         True: dict(prompts=(2, 16), new_tokens=3, batch=(5, 9, 16, 12), prefix=(40, 32))}
-INTERPRETED = ("135m",)  # rehearsal: models whose comparisons run on interpreted logits
+# decode_tokens: how many of each prompt's tokens the logits comparisons run through decode
+# steps (None: half), for bf16 and for quantized engines. An interpreted decode step runs each
+# program of a split-K GEMM in Python (~10 s for an int4 engine on 2 busy cores): the
+# rehearsal decodes one token of the bf16 engines, none of the quantized ones (their decode
+# plans run under the interpreter in tests/cuda_interpreter/test_quantized.py and test_fp8.py)
+SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), prefix=(160, 96),
+                     decode_tokens=(None, None)),
+         True: dict(prompts=(2, 16), new_tokens=3, batch=(5, 9, 16, 12), prefix=(40, 32), decode_tokens=(1, 0))}
+# rehearsal: engines whose comparisons run on interpreted logits (1b's run on the fake driver:
+# its launches are compared, its numbers mean nothing)
+INTERPRETED = ("135m", "8b", "8b-w4a16", "8b-fp8", "8b-fp8-kvfp8")
+SYNC_VARIABLE = "BESSEMER_CUDA_SYNC"  # the executor's eager, synchronize-after-every-launch mode
 # seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
 # a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
 # the 8B engine the later 8B stages share (sha256 of 15 GiB ~10 s, upload, 8 graphs).
 LIMITS = {"environment": 30, "checkpoint": 90, "build": 200, "correctness": 60, "decode": 60, "prefill": 45,
-          "throughput": 90, "hf-eager": 60, "hf-compiled": 180}
+          "throughput": 90, "hf-eager": 60, "hf-compiled": 180,
+          # the 8B quantized builds quantize ~7e9 weights on one CPU core (numpy): ~23 ns a
+          # weight for int4 RTN, ~100 ns for E4M3 (measured on this project's CPU machines)
+          "build-8b-w4a16": 300, "build-8b-fp8": 900, "build-8b-fp8-kvfp8": 900}
+# seconds a build needs at least on the GPU machine (kernels prebuilt): a build the time left
+# cannot hold is skipped, not started and cut (the rehearsal's tiny builds take a second)
+BUILD_S = {"135m": 10, "1b": 20, "8b": 60, "8b-w4a16": 190, "8b-fp8": 730, "8b-fp8-kvfp8": 730}
 
 
 class StageCut(BaseException):
@@ -86,8 +103,9 @@ def _cut(_signum, _frame):
 
 
 class Check:
-    def __init__(self, out: Path, work: Path, budget_s: float, rehearse: bool, limits: dict | None = None):
-        self.out, self.rehearse = out, rehearse
+    def __init__(self, out: Path, work: Path, budget_s: float, rehearse: bool, limits: dict | None = None,
+                 engines: tuple = models.SUITE_ENGINES["quant"]):
+        self.out, self.rehearse, self.engines = out, rehearse, engines
         self.limits = dict(LIMITS, **(limits or {}))
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + budget_s
@@ -101,6 +119,7 @@ class Check:
         self.hf: dict = {}  # name -> bf16 HF model on the device
         self.served: dict = {}  # name -> LLM shared by the speed stages
         self.failed: set[str] = set()
+        self.synced_once = False  # the run's first correctness stage runs with SYNC_VARIABLE=1
         self.log = open(out / "check.py.log", "a")
 
     # ---- bookkeeping ----
@@ -119,11 +138,17 @@ class Check:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
-    def stage(self, name: str, fn, min_s: float, needs: tuple = ()) -> None:
+    def stage(self, name: str, fn, min_s: float, needs: tuple = (), disk_gib: float = 0.0) -> None:
         missing = [n for n in needs if n in self.failed]
         if missing:
             self.results["stages"][name] = {"skipped": f"needs {', '.join(missing)}, which did not complete"}
             self.say(f"stage {name}: SKIPPED (needs {', '.join(missing)})")
+            self.failed.add(name)
+            return self.save()
+        if disk_gib and self.disk_free_gib() < disk_gib:
+            why = f"{self.disk_free_gib():.1f} GiB free under {self.work}, the stage writes ~{disk_gib:.1f} GiB"
+            self.results["stages"][name] = {"skipped": why}
+            self.say(f"stage {name}: SKIPPED ({why}; free space or set WORK)")
             self.failed.add(name)
             return self.save()
         if self.left() < min_s:
@@ -143,7 +168,12 @@ class Check:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
             result = dict(result or {}, seconds=round(time.perf_counter() - t, 2))
-            self.say(f"stage {name}: done in {result['seconds']:.1f}s")
+            if result.get("pass") is False:  # a comparison that does not hold: nothing of the engine is timed
+                self.failed.add(name)
+                self.say(f"stage {name}: FAILED in {result['seconds']:.1f}s: a comparison does not hold "
+                         f"({', '.join(result.get('failed_checks', [])) or 'see results.json'})")
+            else:
+                self.say(f"stage {name}: done in {result['seconds']:.1f}s")
         except StageCut:
             self.failed.add(name)
             result = {"cut": f"ran past its {limit:.3g}s limit", "seconds": round(time.perf_counter() - t, 2)}
@@ -231,7 +261,25 @@ class Check:
                 info["nvidia_smi"] = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip()
         info["bessemer_device"] = device_report(0)
         info["header_conformance"] = self.conformance()
+        info["peaks"] = self.results["peaks"] = self.device_peaks(info)
+        self.say(f"peaks: {info['peaks']['label']}, dense bf16 {info['peaks']['bf16_flop_s'] / 1e12:.0f} TFLOP/s, "
+                 f"fp8 {info['peaks']['fp8_flop_s'] / 1e12:.0f} ({info['peaks']['source']})")
         return info
+
+    def device_peaks(self, info: dict) -> dict:
+        """The device's peak HBM bandwidth and tensor-core rates (gpu_peaks.py): its datasheet
+        figures by name, else computed from its SMs, bus width and clocks."""
+        device = info["bessemer_device"]["devices"][0]
+        name = info.get("torch_gpu") or device["name"]
+        clocks = rehearsal.FAKE_DRIVER_CLOCKS if self.rehearse else gpu_peaks.driver_clocks()
+        return gpu_peaks.device_peaks(name, dict(clocks, sm_count=device["multiprocessors"],
+                                                 bus_width_bits=device["memory_bus_bits"]))
+
+    @property
+    def peaks(self) -> dict:
+        if "peaks" not in self.results:
+            raise RuntimeError("no device peaks: the environment stage did not complete")
+        return self.results["peaks"]
 
     def conformance(self) -> dict:
         """cuda_api.h against every official cuda.h this machine has (the CUDA 13 toolkit's,
@@ -269,48 +317,130 @@ class Check:
 
     def build(self, name: str) -> dict:
         from bessemer.builder.build import build_engine
-        from bessemer.builder.config import BuildConfig
-
-        from bessemer.quantization.config import QuantConfig
 
         shutil.rmtree(self.work / f"engine-{name}", ignore_errors=True)  # a previous run's
-        options = dict(ENGINES[name], **({"max_seq_len": 1024, "max_num_tokens": 512} if self.rehearse else {}))
-        quant = options.pop("quant", None)
-        config = BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig(**quant) if quant else None, **options)
+        smaller = models.REHEARSAL_BUILD if self.rehearse else {}
+        config = models.build_config(name, **smaller)
         engine = build_engine(self.work / f"hf-{shape_of(name)}", self.work / f"engine-{name}", config,
                               progress=self.say)
         report = json.loads((engine / "build_report.json").read_text())
-        return {"options": dict(options, **({"quant": quant} if quant else {})),
+        return {"options": dict(ENGINES[name], **smaller),
                 "engine_gib": round(sum(f.stat().st_size for f in engine.iterdir()) / 2**30, 2),
                 "bits_per_weight": report.get("bits_per_weight"),
                 "kernels": {k: report["kernels"][k] for k in ("distinct", "compiled", "from_cache", "seconds")}}
 
     def correctness(self, name: str) -> dict:
+        """The engine's logits against its HF reference before anything of it is timed: the
+        bf16 engines of 135m and 1b also batch == alone, prefix hit == miss and graph ==
+        eager; 8b (head_dim 128) and the quantized engines their teacher-forced logits on a
+        few prompts (the engine the speed stages share: loaded once). "pass" is False when a
+        comparison does not hold (the stage then counts as failed); a comparison on numbers
+        nothing computed (the rehearsal's fake driver) is not judged (pass None)."""
+        out = self.bf16_comparisons(name) if name in ("135m", "1b") else self.logits_only(name)
+        out["failed_checks"] = [k for k, v in out.items() if isinstance(v, dict) and v.get("pass") is False]
+        out["pass"] = not out["failed_checks"]
+        return out
+
+    @contextmanager
+    def sync_if_first(self):
+        """SYNC_VARIABLE=1 for the LLM opened inside, the first time only: the executor reads
+        it at load and step, so the engine is opened, run and closed within the block."""
+        if self.synced_once:
+            yield False
+            return
+        self.synced_once = True
+        previous = os.environ.get(SYNC_VARIABLE)
+        os.environ[SYNC_VARIABLE] = "1"
+        self.say(f"{SYNC_VARIABLE}=1 for this stage: a synchronize after every launch")
+        try:
+            yield True
+        finally:
+            if previous is None:
+                os.environ.pop(SYNC_VARIABLE, None)
+            else:
+                os.environ[SYNC_VARIABLE] = previous
+
+    def computed(self, name: str) -> str | None:
+        """What computes the engine's numbers: None on the rehearsal's fake driver."""
+        if not self.rehearse:
+            return "gpu"
+        return "triton interpreter (launch list of the engine)" if name in INTERPRETED else None
+
+    def references(self, name: str, ids: list[list[int]]) -> tuple[list, list, str]:
+        """HF logits (fp32, bf16) of the reference the engine is held to: the checkpoint's
+        model for a bf16 engine; for a quantized one the same model with the engine's codes,
+        scales and rounding applied (quant_reference.py), in fp32 and in bf16."""
+        import torch
+
+        base = self.hf[shape_of(name)]
+        if not (ENGINES[name].get("quant") or ENGINES[name].get("kv_cache_dtype")):
+            fp32 = copy.deepcopy(base).float()
+            ref32, ref16 = models.hf_logits(fp32, ids, "float32"), models.hf_logits(base, ids, "bfloat16")
+            self.free(fp32)
+            return ref32, ref16, "HF fp32 (HF bf16's error is the bound's unit)"
+        fake, notes = quant_reference.fake_quantized_hf(base, self.work / f"engine-{name}")
+        ref32 = models.hf_logits(fake, ids, "float32")
+        ref16 = models.hf_logits(fake.to(torch.bfloat16), ids, "bfloat16")
+        self.free(fake)
+        return ref32, ref16, f"HF fp32 with the engine's codes and scales {notes}"
+
+    def bf16_comparisons(self, name: str) -> dict:
         vocab, sizes = self.shapes[name]["vocab_size"], self.sizes
         ids = gm.prompts(*sizes["prompts"], vocab, seed=1)
-        bf16 = self.hf[name]
-        fp32 = copy.deepcopy(bf16).float()
-        ref32, ref16 = models.hf_logits(fp32, ids, "float32"), models.hf_logits(bf16, ids, "bfloat16")
-        self.free(fp32)
-        computed = not self.rehearse or name in INTERPRETED
-        llm = self.llm(name, interpreted=self.rehearse and computed)
-        try:
-            out = {"computed_by": "gpu" if not self.rehearse else
-                   "triton interpreter (launch list of the engine)" if computed else "fake driver (nothing computed)"}
-            out["logits"] = gm.logits_error(llm, ids, ref32, ref16)
-            tie = 2 * out["logits"]["hf_bf16_max_abs_err"]
-            out["batch_vs_alone"] = gm.batch_vs_alone(llm, vocab, tie, sizes["new_tokens"], sizes["batch"])
-            out["prefix_cache"] = gm.prefix_cache(llm, vocab, tie, sizes["new_tokens"], *sizes["prefix"])
-            if self.rehearse:  # graphs: the C++ executor on the fake driver, compared by its launches
+        ref32, ref16, reference = self.references(name, ids)
+        computed = self.computed(name)
+        out = {"computed_by": computed or "fake driver (nothing computed)", "reference": reference}
+        with self.sync_if_first() as synced:
+            llm = self.llm(name, interpreted=bool(self.rehearse and computed))
+            try:
+                out["cuda_sync"] = synced
+                out["logits"] = gm.logits_error(llm, ids, ref32, ref16, ratio=BF16_ERROR_RATIO,
+                                                decode_tokens=sizes["decode_tokens"][0])
+                tie = BF16_ERROR_RATIO * out["logits"]["hf_bf16_max_abs_err"]
+                out["batch_vs_alone"] = gm.batch_vs_alone(llm, vocab, tie, sizes["new_tokens"], sizes["batch"])
+                out["prefix_cache"] = gm.prefix_cache(llm, vocab, tie, sizes["new_tokens"], *sizes["prefix"])
+            finally:
                 self.free(llm)
-                llm = self.llm(name)
-                out["graph_vs_eager"] = gm.graph_vs_eager(llm, vocab, recorder=rehearsal.fake_launch_log)
-            else:
-                out["graph_vs_eager"] = gm.graph_vs_eager(llm, vocab)  # last: it writes KV blocks of its own
+        if not computed:  # the fake driver's "logits" are whatever its memory holds
+            for check in ("logits", "batch_vs_alone", "prefix_cache"):
+                out[check]["pass"] = None
+        # graphs on an engine opened outside the sync mode (which launches eagerly by design)
+        llm = self.llm(name)
+        try:
+            recorder = rehearsal.fake_launch_log if self.rehearse else None  # the rehearsal compares launches
+            out["graph_vs_eager"] = gm.graph_vs_eager(llm, vocab, recorder=recorder)  # last: KV blocks of its own
         finally:
             self.free(llm)
         if name == "135m":
             out["no_torch_at_run_time"] = self.runtime_imports(name)
+        return out
+
+    def logits_only(self, name: str) -> dict:
+        """Teacher-forced logits of a few prompts (all at once, then with their last tokens
+        through decode steps: half of them on the GPU) against the engine's reference; fp8
+        engines in mean error too
+        (an E4M3 activation code that one rounding moves is an fp8-sized error at one
+        element: test_fp8.py's plan test bounds both)."""
+        vocab = self.shapes[shape_of(name)]["vocab_size"]
+        ids = gm.prompts(*self.sizes["prompts"], vocab, seed=1)
+        ref32, ref16, reference = self.references(name, ids)
+        quantized = bool(ENGINES[name].get("quant") or ENGINES[name].get("kv_cache_dtype"))
+        computed = self.computed(name)
+        out = {"computed_by": computed or "fake driver (nothing computed)", "reference": reference}
+        with self.sync_if_first() as synced:
+            dedicated = self.rehearse or synced  # else the engine the speed stages share
+            llm = self.llm(name, interpreted=bool(self.rehearse and computed)) if dedicated else self.serving(name)
+            try:
+                out["cuda_sync"] = synced
+                out["logits"] = gm.logits_error(llm, ids, ref32, ref16,
+                                                ratio=CUDA_BF16_ERROR_RATIO if quantized else BF16_ERROR_RATIO,
+                                                bound_mean="fp8" in name,
+                                                decode_tokens=self.sizes["decode_tokens"][quantized])
+            finally:
+                if dedicated:
+                    self.free(llm)
+        if not computed:
+            out["logits"]["pass"] = None
         return out
 
     def runtime_imports(self, name: str) -> dict:
@@ -331,10 +461,11 @@ class Check:
         out = gm.decode_speed(llm, shape["vocab_size"])
         header = llm.engine.header
         per_token = gm.weight_bytes_per_token(header, shape["hidden_size"], context=128 + 128)
+        peak = self.peaks["hbm_bytes_s"]
         out.update(bytes_per_token=per_token["total"], weight_bytes_per_token=per_token["weights"],
-                   hbm_fraction=per_token["total"] * out["generate_tok_s"] / gm.PEAK_HBM_BYTES_S,
-                   hbm_fraction_executor=per_token["total"] / (out["executor_step_ms"] / 1e3) / gm.PEAK_HBM_BYTES_S,
-                   executor=llm.executor.stats())
+                   hbm_fraction=per_token["total"] * out["generate_tok_s"] / peak,
+                   hbm_fraction_executor=per_token["total"] / (out["executor_step_ms"] / 1e3) / peak,
+                   hbm_fraction_of=self.peaks["label"], executor=llm.executor.stats())
         self.results.setdefault("engine_decode_tok_s", {})[name] = out["generate_tok_s"]
         return out
 
@@ -362,8 +493,12 @@ class Check:
             times[(n, k, r)] = (time.perf_counter() - t) / 10
             del x, w
         torch_s = sum(times[s] for s in shapes)
+        kind = "fp8" if (ENGINES[name].get("quant") or {}).get("mode") == "fp8" else "bf16"
+        peak = self.peaks[f"{kind}_flop_s"]
         out.update(tokens=tokens, linear_tflop=flops / 1e12, engine_tflop_s=flops / out["step_s"] / 1e12,
-                   torch_matmul_tflop_s=flops / torch_s / 1e12, ratio_to_torch_matmul=torch_s / out["step_s"])
+                   torch_matmul_tflop_s=flops / torch_s / 1e12, ratio_to_torch_matmul=torch_s / out["step_s"],
+                   engine_peak_fraction=flops / out["step_s"] / peak,
+                   engine_peak_fraction_of=f"{self.peaks['device']} dense {kind} {peak / 1e12:.0f} TFLOP/s")
         return out
 
     def throughput(self, name: str, prompt_len: int = 128) -> dict:
@@ -381,16 +516,18 @@ class Check:
                    kv_cache_gib=gib, kv_bytes_per_token=per_token, kv_capacity_tokens=int(gib * 2**30 // per_token))
         return out
 
-    def decode_batches(self, names: tuple) -> dict:
-        """Decode steps of B sequences (the executor's step alone, graphs on) per engine and
-        B in DECODE_BATCHES: tok/s, and each engine's ratio to the first (bf16)."""
-        rows = {}
-        for name in names:
-            llm = self.serving(name)
-            rows[name] = {b: gm.decode_step_tok_s(llm, b, context=256) for b in DECODE_BATCHES}
-            self.release(name)
-        base = names[0]
-        return {"tok_s": rows, "ratio": {n: {b: rows[n][b] / rows[base][b] for b in DECODE_BATCHES} for n in names[1:]}}
+    def decode_batches(self, name: str) -> dict:
+        """Decode steps of B sequences (the executor's step alone, graphs on) for B in
+        DECODE_BATCHES: tok/s; the bf16 engine's stage (measured last, as its baseline) adds
+        the ratio of every engine measured before it."""
+        llm = self.serving(name)
+        out = {"tok_s": {b: gm.decode_step_tok_s(llm, b, context=256) for b in DECODE_BATCHES}}
+        if name == "8b":
+            out["ratio"] = {other: {b: node["tok_s"][b] / out["tok_s"][b] for b in DECODE_BATCHES}
+                            for other, node in ((stage.removeprefix("decode-batches-"), n)
+                                                for stage, n in self.results["stages"].items()
+                                                if stage.startswith("decode-batches-8b-") and "tok_s" in n)}
+        return out
 
     def hf_baseline(self, name: str, compiled: bool) -> dict:
         model = self.hf[name]
@@ -403,58 +540,90 @@ class Check:
                    engine_speedup=engine / out["decode_tok_s"] if engine else None)
         return out
 
+    # ---- disk: a stage that writes checkpoints or engines starts only when they fit ----
+    def disk_free_gib(self) -> float:
+        return shutil.disk_usage(self.work).free / 2**30
+
+    def remove(self, what: str) -> None:
+        """Deletes a checkpoint or engine of WORK (hf-NAME, engine-NAME) once its stages are done."""
+        path = self.work / what
+        if path.exists():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**30
+            shutil.rmtree(path)
+            self.say(f"deleted {path} ({size:.1f} GiB); {self.disk_free_gib():.1f} GiB free")
+            self.results.setdefault("deleted", []).append(what)
+
+    # ---- the runs ----
+    def engine_stages(self, name: str, speed: list) -> None:
+        """build-NAME, correctness-NAME, then the engine's speed stages [(stage, fn, min_s)],
+        each needing the build and the correctness; the engine deleted after them."""
+        s = self.stage
+        if name not in self.engines:
+            return
+        need_gib = gpu_disk.engine_gib(self.shapes[shape_of(name)], ENGINES[name])
+        s(f"build-{name}", lambda: self.build(name), 5 if self.rehearse else BUILD_S[name],
+          needs=(f"checkpoint-{shape_of(name)}",), disk_gib=need_gib)
+        s(f"correctness-{name}", lambda: self.correctness(name), 20, needs=(f"build-{name}",))
+        for stage, fn, min_s in speed:
+            s(stage, fn, min_s, needs=(f"build-{name}", f"correctness-{name}"))
+        self.release(name)
+        self.remove(f"engine-{name}")
+
     def run_quant(self) -> int:
-        """--suite quant (issue 22): the 8B shape as int4 (g128), fp8 and fp8 with an fp8 KV
-        cache, against the bf16 engine of the same checkpoint in the same run."""
+        """--suite quant (issue 22): the 8B shape as int4 (g128), bf16 (the baseline of the
+        batch sweep), fp8 and fp8 with an fp8 KV cache (the slowest builds last), one engine on
+        disk at a time: each built, compared with its reference, timed, and deleted; the
+        checkpoint last. --engines runs some of them (a lease too short for all four)."""
         s = self.stage
         s("environment", self.environment, 5)
-        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",))
-        for name, build_s in (("8b-w4a16", 60), ("8b-fp8", 60)):
-            s(f"build-{name}", lambda n=name: self.build(n), build_s, needs=("checkpoint-8b",))
-        s("decode-8b-w4a16", lambda: self.decode("8b-w4a16"), 30, needs=("build-8b-w4a16",))
-        s("decode-8b-fp8", lambda: self.decode("8b-fp8"), 30, needs=("build-8b-fp8",))
-        s("prefill-8b-fp8", lambda: self.prefill("8b-fp8", 2048), 25, needs=("build-8b-fp8",))
-        s("throughput-8b-fp8", lambda: self.throughput("8b-fp8", prompt_len=1024), 60, needs=("build-8b-fp8",))
-        self.release("8b-fp8")
-        s("build-8b-fp8-kvfp8", lambda: self.build("8b-fp8-kvfp8"), 60, needs=("checkpoint-8b",))
-        s("throughput-8b-fp8-kvfp8", lambda: self.throughput("8b-fp8-kvfp8", prompt_len=1024), 60,
-          needs=("build-8b-fp8-kvfp8",))
-        self.release("8b-fp8-kvfp8")
-        s("build-8b", lambda: self.build("8b"), 60, needs=("checkpoint-8b",))
-        s("decode-batches-8b", lambda: self.decode_batches(("8b", "8b-w4a16")), 40,
-          needs=("build-8b", "build-8b-w4a16"))
-        self.results["summary"] = quant_summary_table(self.results)
-        self.save()
-        print(self.results["summary"])
-        self.log.write(self.results["summary"] + "\n")
-        return 1 if self.failed else 0
+        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",),
+          disk_gib=gpu_disk.checkpoint_gib(self.shapes["8b"]))
+        self.engine_stages("8b-w4a16", [("decode-8b-w4a16", lambda: self.decode("8b-w4a16"), 20),
+                                        ("decode-batches-8b-w4a16", lambda: self.decode_batches("8b-w4a16"), 15)])
+        self.engine_stages("8b", [("decode-batches-8b", lambda: self.decode_batches("8b"), 15)])
+        self.engine_stages("8b-fp8", [("decode-8b-fp8", lambda: self.decode("8b-fp8"), 20),
+                                      ("prefill-8b-fp8", lambda: self.prefill("8b-fp8", 2048), 15),
+                                      ("throughput-8b-fp8", lambda: self.throughput("8b-fp8", prompt_len=1024), 40)])
+        self.engine_stages("8b-fp8-kvfp8", [("throughput-8b-fp8-kvfp8",
+                                             lambda: self.throughput("8b-fp8-kvfp8", prompt_len=1024), 40)])
+        self.remove("hf-8b")
+        return self.finish(quant_summary_table)
 
     def run(self) -> int:
         s = self.stage
         s("environment", self.environment, 5)
         # per model, the small ones first: a slow 8B checkpoint or build costs only the 8B stages
         for name, ckpt_s, build_s in (("135m", 5, 10), ("1b", 10, 20)):
-            s(f"checkpoint-{name}", lambda n=name: self.checkpoint(n), ckpt_s, needs=("environment",))
-            s(f"build-{name}", lambda n=name: self.build(n), build_s, needs=(f"checkpoint-{name}",))
-        for name in ("135m", "1b"):
+            s(f"checkpoint-{name}", lambda n=name: self.checkpoint(n), ckpt_s, needs=("environment",),
+              disk_gib=gpu_disk.checkpoint_gib(self.shapes[name]))
+            s(f"build-{name}", lambda n=name: self.build(n), build_s, needs=(f"checkpoint-{name}",),
+              disk_gib=gpu_disk.engine_gib(self.shapes[name], ENGINES[name]))
+        for name in ("135m", "1b"):  # 135m first: the run's one correctness stage in the sync mode
             s(f"correctness-{name}", lambda n=name: self.correctness(n), 25, needs=(f"build-{name}",))
-        s("decode-135m", lambda: self.decode("135m"), 15, needs=("build-135m",))
+        s("decode-135m", lambda: self.decode("135m"), 15, needs=("build-135m", "correctness-135m"))
         self.release("135m")
-        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",))
-        s("build-8b", lambda: self.build("8b"), 60, needs=("checkpoint-8b",))
-        s("decode-8b", lambda: self.decode("8b"), 30, needs=("build-8b",))
-        s("prefill-8b", lambda: self.prefill("8b", 2048), 25, needs=("build-8b",))
-        s("throughput-8b", lambda: self.throughput("8b"), 60, needs=("build-8b",))
+        s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",),
+          disk_gib=gpu_disk.checkpoint_gib(self.shapes["8b"]))
+        s("build-8b", lambda: self.build("8b"), 60, needs=("checkpoint-8b",),
+          disk_gib=gpu_disk.engine_gib(self.shapes["8b"], ENGINES["8b"]))
+        s("correctness-8b", lambda: self.correctness("8b"), 20, needs=("build-8b",))
+        speed_8b = ("build-8b", "correctness-8b")
+        s("decode-8b", lambda: self.decode("8b"), 20, needs=speed_8b)
+        s("prefill-8b", lambda: self.prefill("8b", 2048), 15, needs=speed_8b)
+        s("throughput-8b", lambda: self.throughput("8b"), 40, needs=speed_8b)
         self.release("8b")
         s("hf-eager-8b", lambda: self.hf_baseline("8b", compiled=False), 40, needs=("decode-8b",))
-        s("decode-1b", lambda: self.decode("1b"), 15, needs=("build-1b",))
+        s("decode-1b", lambda: self.decode("1b"), 15, needs=("build-1b", "correctness-1b"))
         self.release("1b")
         # torch.compile takes minutes on the 8B model: that shape if the time allows, else 1B
         big = self.left() > 200 and "decode-8b" not in self.failed
         name = "8b" if big else "1b"
         s(f"hf-compiled-{name}", lambda: self.hf_baseline(name, compiled=True), 150 if big else 80,
           needs=(f"decode-{name}",))
-        self.results["summary"] = summary_table(self.results)
+        return self.finish(summary_table)
+
+    def finish(self, table) -> int:
+        self.results["summary"] = table(self.results)
         self.save()
         print(self.results["summary"])
         self.log.write(self.results["summary"] + "\n")
@@ -470,6 +639,8 @@ def main() -> int:
     ap.add_argument("--suite", choices=SUITES, default="bf16",
                     help="bf16: the bf16 engines (correctness, speed, HF baselines); quant: int4 / fp8 / fp8-KV "
                          "engines of the 8B shape against its bf16 engine")
+    ap.add_argument("--engines", default=",".join(models.SUITE_ENGINES["quant"]),
+                    help="--suite quant: the engines to build and check, in the suite's order (default: all four)")
     ap.add_argument("--stage-limit", action="append", default=[], metavar="NAME=S",
                     help="a stage's (or family's) time limit in seconds, e.g. hf-compiled=90")
     args = ap.parse_args()
@@ -482,7 +653,11 @@ def main() -> int:
             ap.error(f"--stage-limit {item!r}: give NAME=SECONDS, e.g. hf-compiled=90")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    check = Check(args.out, args.work, args.budget_s, args.rehearse, limits)
+    engines = tuple(e for e in args.engines.split(",") if e)
+    unknown = [e for e in engines if e not in models.SUITE_ENGINES["quant"]]
+    if unknown:
+        ap.error(f"--engines {unknown[0]!r}: the quant suite's engines are {', '.join(models.SUITE_ENGINES['quant'])}")
+    check = Check(args.out, args.work, args.budget_s, args.rehearse, limits, engines)
     check.results["suite"] = args.suite
     return check.run_quant() if args.suite == "quant" else check.run()
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check of the cuda target, in one run of at most 8 minutes (CHECK_TOTAL_S):
 # install, random bf16 checkpoints at SmolLM2-135M / Llama-3.2-1B / Llama-3.1-8B shapes,
-# cuda engines, correctness and speed (tests/gpu/check.py). Writes under $OUT:
+# cuda engines, correctness then speed of each (tests/gpu/check.py). Writes under $OUT:
 # check.log (everything), install.log, results.json (after every stage), and prints a
-# summary table; checkpoints and engines (~35 GiB) go to $WORK, never under $OUT. Kernels
-# already compiled for these shapes (a carried .cache/kernels, filled on CPU by
-# tests/gpu/prebuild_kernels.py) are taken from that cache: the same inputs give the same
-# cubins. Fails fast, with one line saying why, when a stage cannot run.
+# summary table; checkpoints and engines (bf16 suite ~40 GiB; quant suite ~33 GiB at its
+# peak, one engine at a time) go to $WORK, never under $OUT: `df -h` of it comes first.
+# Kernels already compiled for these shapes (a carried .cache/kernels, filled on CPU by
+# tests/gpu/prebuild_kernels.py, which lists the keys each suite needs) are taken from that
+# cache: the same inputs give the same cubins; the count found is printed. Fails fast, with
+# one line saying why, when a stage cannot run.
 #
 #   OUT=/some/dir tests/gpu/check.sh              # on the GPU machine (no network needed)
 #   OUT=/some/dir tests/gpu/check.sh --rehearse   # on CPU: tiny shapes, the fake driver
@@ -18,6 +20,8 @@ OUT=${OUT:-$PWD/gpu-check-out}
 TOTAL_S=${CHECK_TOTAL_S:-480}
 REHEARSE=""
 [[ "${1:-}" == "--rehearse" ]] && REHEARSE=--rehearse && shift
+SUITE=bf16
+[[ " $* " == *" quant "* || " $* " == *"--suite=quant"* ]] && SUITE=quant
 # any further arguments go to check.py (e.g. --stage-limit hf-compiled=90)
 # on the GPU: the carried cache (prebuild_kernels.py); a rehearsal shares the user's cache
 [[ -z $REHEARSE ]] && export BESSEMER_KERNEL_CACHE=${BESSEMER_KERNEL_CACHE:-$PWD/.cache/kernels}
@@ -25,8 +29,25 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/check.log") 2>&1
 start=$(date +%s)
 die() { echo "check.sh: FAILED: $*"; exit 1; }
-echo "check.sh: $(date -u +%FT%TZ) in $PWD, out $OUT ${REHEARSE:+(rehearsal)}"
-echo "check.sh: kernel cache ${BESSEMER_KERNEL_CACHE:-default} ($(ls "${BESSEMER_KERNEL_CACHE:-$HOME/.cache/bessemer/kernels}" 2>/dev/null | grep -c cubin) cubins)"
+echo "check.sh: $(date -u +%FT%TZ) in $PWD, out $OUT, suite $SUITE ${REHEARSE:+(rehearsal)}"
+
+# where checkpoints and engines go, and its disk first: the 8B ones are 5-16 GB each
+gib_free() { local v; v=$(df -Pk "$1" 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}'); echo "${v:-0}"; }
+if [[ -n $REHEARSE ]]; then
+  need=2
+else  # the peak of the suite's checkpoints and engines (gpu_disk.py: from the shapes)
+  need=${CHECK_DISK_GIB:-$(python tests/gpu/gpu_disk.py "$SUITE" 2>/dev/null || echo 40)}
+fi
+if [[ -z ${WORK:-} ]]; then  # on the GPU machine RAM (/dev/shm) when it holds them: no disk writes
+  WORK=${TMPDIR:-/tmp}/bessemer-gpu-check
+  [[ -z $REHEARSE ]] && (( $(gib_free /dev/shm) >= need + 16 )) && WORK=/dev/shm/bessemer-gpu-check
+fi
+mkdir -p "$WORK"
+df -h "$WORK"
+free_gib=$(gib_free "$WORK")
+echo "check.sh: work $WORK ($free_gib GiB free; the $SUITE suite needs ~$need GiB at its peak)"
+(( free_gib >= need )) || die "$free_gib GiB free under $WORK; checkpoints and engines need ~$need GiB (set WORK)"
+python tests/gpu/kernel_cache_count.py "${BESSEMER_KERNEL_CACHE:-$HOME/.cache/bessemer/kernels}" "$SUITE"
 
 # 0. what this machine has (the GPU image has no network: nothing can be fetched)
 python -c "import sys; assert sys.version_info >= (3, 10)" || die "Python >= 3.10 is needed"
@@ -41,9 +62,6 @@ if [[ -z $REHEARSE ]]; then
   python -c "import triton" 2>/dev/null || die "triton is missing: it compiles the engines' kernels"
   nvidia-smi -L || die "nvidia-smi failed: no NVIDIA driver or GPU here"
   python -c "import torch; assert torch.cuda.is_available()" || die "torch sees no GPU"
-  need=${CHECK_DISK_GIB:-38}  # 8B checkpoint + engine 2 x 15 GiB, 1B 2 x 2.3, 135M 2 x 0.25
-  # --suite quant: the 8B checkpoint and its bf16, int4, fp8 and fp8 + fp8-KV engines
-  [[ " $* " == *" quant "* || " $* " == *"--suite=quant"* ]] && need=${CHECK_DISK_GIB:-55}
 else
   if [[ -z ${BESSEMER_LIBCUDA:-} ]]; then  # the fake driver stands in for the GPU
     g++ -std=c++17 -O1 -shared -fPIC -Ibessemer/targets/cuda/csrc tests/cuda_executor/fake_libcuda.cpp \
@@ -51,17 +69,7 @@ else
     export BESSEMER_LIBCUDA=$OUT/libcuda.so.1
   fi
   export TRITON_INTERPRET=1  # the interpreted launcher computes what the fake driver cannot
-  need=2
 fi
-gib_free() { local v; v=$(df -Pk "$1" 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}'); echo "${v:-0}"; }
-if [[ -z ${WORK:-} ]]; then  # on the GPU machine RAM (/dev/shm) when it holds them: no disk writes
-  WORK=${TMPDIR:-/tmp}/bessemer-gpu-check
-  [[ -z $REHEARSE ]] && (( $(gib_free /dev/shm) >= need + 16 )) && WORK=/dev/shm/bessemer-gpu-check
-fi
-mkdir -p "$WORK"
-free_gib=$(gib_free "$WORK")
-echo "check.sh: work $WORK ($free_gib GiB free)"
-(( free_gib >= need )) || die "$free_gib GiB free under $WORK; checkpoints and engines need ~$need GiB (set WORK)"
 
 # 1. install: compiles bessemer._C and bessemer._cuda against this Python. A rehearsal never
 # reinstalls (that would repoint this machine's install): it builds the extensions in place.

@@ -29,16 +29,52 @@ SHAPES = {
 }
 
 # CPU rehearsal: the same families, tying and rope kinds, small enough to build and run on
-# 2 cores; one hidden size, so that the three engines share most of their kernels (one
-# compile each). 135m keeps a GQA group of 4 query heads per KV head, 1b/8b groups of 2.
+# 2 cores. 135m and 1b share a hidden size (most of their kernels: one compile each); 8b keeps
+# the real model's head_dim of 128 (its own attention kernels and shared-memory sizes: what
+# its correctness stage is there to check), with 2 heads in a hidden size of 256. 135m keeps
+# a GQA group of 4 query heads per KV head, 1b/8b groups of 2.
 TINY_SHAPES = {
     "135m": dict(SHAPES["135m"], hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=1, vocab_size=512),
     "1b": dict(SHAPES["1b"], hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=32, vocab_size=512),
-    "8b": dict(SHAPES["8b"], hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=512),
+    "8b": dict(SHAPES["8b"], hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=128, vocab_size=512),
 }
+
+
+ENGINES = {  # build options per engine (the 8B ones serve 128 concurrent requests); a name is
+    # its checkpoint's shape, then what differs: "8b-w4a16" is the 8B checkpoint quantized
+    "135m": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
+    "1b": dict(max_seq_len=2048, max_batch_size=16, max_num_tokens=2048),
+    "8b": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048),
+    # --suite quant (issue 22): random weights, no calibration (RTN int4, nearest-rounded fp8):
+    # fine for speed, and the correctness stages compare each engine with HF running its own
+    # codes (quant_reference.py); accuracy against the float model is the cpu target's tests
+    "8b-w4a16": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                     quant=dict(mode="w4a16", group_size=128)),
+    "8b-fp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                   quant=dict(mode="fp8", fp8_rounding="nearest")),
+    "8b-fp8-kvfp8": dict(max_seq_len=4096, max_batch_size=128, max_num_tokens=2048,
+                         quant=dict(mode="fp8", fp8_rounding="nearest"), kv_cache_dtype="fp8"),
+}
+
+
+# what the CPU rehearsal changes in every engine's build options (its tiny engines serve short requests)
+REHEARSAL_BUILD = {"max_seq_len": 1024, "max_num_tokens": 512}
+
+# the engines of each suite of the GPU check, in the order it builds them
+SUITE_ENGINES = {"bf16": ("135m", "1b", "8b"), "quant": ("8b-w4a16", "8b", "8b-fp8", "8b-fp8-kvfp8")}
+
+
+def build_config(engine: str, **overrides):
+    """The BuildConfig of one of ENGINES (cuda, bf16 activations), with `overrides`."""
+    from bessemer.builder.config import BuildConfig
+    from bessemer.quantization.config import QuantConfig
+
+    options = dict(ENGINES[engine], **overrides)
+    quant = options.pop("quant", None)
+    return BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig(**quant) if quant else None, **options)
 
 
 def llama_config(shape: dict):

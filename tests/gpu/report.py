@@ -66,6 +66,8 @@ class _Rows:
             for key, word in (("error", "FAILED"), ("cut", "CUT"), ("skipped", "skipped")):
                 if key in node:
                     rows.append((f"stage {stage}", word, "", node[key][:70]))
+            if node.get("pass") is False:  # ran, and a comparison does not hold: its engine is not timed
+                rows.append((f"stage {stage}", "FAILED", "", f"does not hold: {', '.join(node.get('failed_checks', []))}"))
         width = [max(len(str(r[i])) for r in rows + [("metric", "value", "target", "status")]) for i in range(4)]
         lines = ["  ".join(str(c).ljust(w) for c, w in zip(("metric", "value", "target", "status"), width))]
         lines.append("  ".join("-" * w for w in width))
@@ -77,10 +79,25 @@ class _Rows:
         return f"{title}, {results.get('elapsed_s', 0):.0f}s\n" + "\n".join(lines) + f"\nstage seconds: {times}"
 
 
+def peak_label(results: dict) -> str:
+    """The peak every percentage is of ("H100 SXM HBM 3.35 TB/s"), from the environment stage."""
+    return results.get("peaks", {}).get("label", "device peak (environment did not complete)")
+
+
+def logits_row(table: "_Rows", results: dict, engine: str, reference: str) -> None:
+    path = f"correctness-{engine}.logits"
+    node = _get(results, path)
+    node = node or {}
+    bound = node.get("bound", "<= 2 x HF bf16's error").replace(" x HF bf16's error", "")
+    table.row(f"{engine}: logits err / {reference} bf16 err", node.get("ratio"), ".3f", bound,
+              node.get("pass") is not False, path + ".ratio")
+
+
 def summary_table(results: dict) -> str:
     g = lambda path: _get(results, path)  # noqa: E731
     table = _Rows(results)
     add, row = table.add, table.row
+    peak = peak_label(results)
 
     for name in ("135m", "1b"):
         path = f"correctness-{name}.logits.ratio"
@@ -97,6 +114,7 @@ def summary_table(results: dict) -> str:
         if node is not None and results.get("rehearsal"):
             value = "same launches" if node["pass"] else "different launches"
         add(f"{name}: graph == eager decode", value or "n/a", "bit for bit", _status(value, node and node["pass"]), path)
+    logits_row(table, results, "8b", "HF")
     path = "correctness-135m.no_torch_at_run_time"
     node = g(path)
     table.rows.append(("no torch/Triton at run time", "n/a" if node is None else node["output"], "4 []",
@@ -108,10 +126,10 @@ def summary_table(results: dict) -> str:
     row("8B bytes per token (GB)", None if per_token is None else per_token / 1e9, ".3f", "", True,
         "decode-8b.bytes_per_token")
     frac = g("decode-8b.hbm_fraction")
-    row("8B % of 4.8 TB/s (generate)", None if frac is None else 100 * frac, ".1f", ">= 80",
+    row(f"8B % of {peak} (generate)", None if frac is None else 100 * frac, ".1f", ">= 80",
         frac is not None and frac >= 0.8, "decode-8b.hbm_fraction")
     frac = g("decode-8b.hbm_fraction_executor")
-    row("8B % of 4.8 TB/s (executor step)", None if frac is None else 100 * frac, ".1f", "", True,
+    row(f"8B % of {peak} (executor step)", None if frac is None else 100 * frac, ".1f", "", True,
         "decode-8b.hbm_fraction_executor")
     ms = g("decode-135m.generate_ms_per_token")
     row("135M decode ms/token (generate)", ms, ".3f", "<= 0.5", ms is not None and ms <= 0.5,
@@ -125,6 +143,9 @@ def summary_table(results: dict) -> str:
                              ("torch_matmul_tflop_s", "8B GEMM TFLOP/s (torch.matmul)", ".1f"),
                              ("ttft_s", "8B TTFT 2048 tokens (s)", ".4f")):
         row(label, g(f"prefill-8b.{key}"), spec, "", True, f"prefill-8b.{key}")
+    frac = g("prefill-8b.engine_peak_fraction")
+    row(f"8B prefill % of {g('prefill-8b.engine_peak_fraction_of') or 'the dense bf16 peak'}",
+        None if frac is None else 100 * frac, ".1f", "", True, "prefill-8b.engine_peak_fraction")
     out = g("throughput-8b.output_tok_s")
     row("8B 128x(128->512) output tok/s", out, ".0f", "> 6612", out is not None and out > 6612,
         "throughput-8b.output_tok_s")
@@ -144,6 +165,10 @@ def quant_summary_table(results: dict) -> str:
     """--suite quant: the quantized engines' figures against issue 22's targets."""
     g = lambda path: _get(results, path)  # noqa: E731
     table = _Rows(results)
+    peak = peak_label(results)
+    for engine in ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8"):
+        logits_row(table, results, engine, "fake-quantized HF")
+    logits_row(table, results, "8b", "HF")
     for name, label, frac_target, tok_target in (("8b-w4a16", "int4 g128", INT4_HBM_FRACTION, 640),
                                                  ("8b-fp8", "fp8", FP8_HBM_FRACTION, 420)):
         tok_s = g(f"decode-{name}.generate_tok_s")
@@ -153,11 +178,14 @@ def quant_summary_table(results: dict) -> str:
         table.add(f"8B {label} bytes per token", "n/a" if per_token is None else f"{per_token / 1e9:.2f} GB", "",
                   "n/a" if per_token is None else "ok", f"decode-{name}.bytes_per_token")
         frac = g(f"decode-{name}.hbm_fraction")
-        table.row(f"8B {label} % of 4.8 TB/s", None if frac is None else 100 * frac, ".1f",
+        table.row(f"8B {label} % of {peak}", None if frac is None else 100 * frac, ".1f",
                   f">= {100 * frac_target:.0f}", frac is not None and frac >= frac_target, f"decode-{name}.hbm_fraction")
     ratio = g("prefill-8b-fp8.ratio_to_torch_matmul")
     table.row("8B fp8 2048-token prefill GEMMs / bf16 torch.matmul (x)", ratio, ".2f", f">= {FP8_PREFILL_VS_BF16}",
               ratio is not None and ratio >= FP8_PREFILL_VS_BF16, "prefill-8b-fp8.ratio_to_torch_matmul")
+    frac = g("prefill-8b-fp8.engine_peak_fraction")
+    table.row(f"8B fp8 prefill % of {g('prefill-8b-fp8.engine_peak_fraction_of') or 'the dense fp8 peak'}",
+              None if frac is None else 100 * frac, ".1f", "", True, "prefill-8b-fp8.engine_peak_fraction")
     ratios = g("decode-batches-8b.ratio.8b-w4a16") or {}
     ends = None
     for batch, r in sorted(ratios.items(), key=lambda kv: int(kv[0])):
