@@ -297,3 +297,27 @@ def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, calibrati
     assert ppl8 <= ppl32 * (1 + FP8_PPL_REL_TARGET), (ppl8, ppl32)
     size = lambda e: (e / "rank0.engine").stat().st_size  # noqa: E731
     assert size(engine) < 0.6 * size(smollm2_engine("float32"))
+
+
+def test_float32_encoder_equals_the_rounding_reference_at_every_boundary():
+    """encode_e4m3 encodes float32 from its bits; the oracle is round_to_e4m3 (float64
+    arithmetic) then the grid's code. Every midpoint between neighbouring codes, one float32
+    ulp either side, the codes themselves, both signs, float32 subnormals, values beyond 448,
+    infinities and NaN; float64 input keeps the float64 rounding (no double rounding)."""
+    rng = np.random.default_rng(3)
+    grid = fp8.decode_e4m3(np.arange(0x7F, dtype=np.uint8))
+    mids = ((grid[:-1].astype(np.float64) + grid[1:]) / 2).astype(np.float32)  # exact in float32
+    up, down = np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))
+    special = np.array([0.0, 1e-45, 2.0 ** -10, 3 * 2.0 ** -11, 448, 449, 464, 465, 480, 1e30, np.inf, np.nan],
+                       np.float32)
+    x = np.concatenate([mids, up, down, grid, special,
+                        (rng.standard_normal(100_000) * np.exp2(rng.uniform(-30, 12, 100_000))).astype(np.float32)])
+    x = np.concatenate([x, -x])
+    want = fp8._encode_rounded(fp8.round_to_e4m3(x))
+    np.testing.assert_array_equal(fp8.encode_e4m3(x), want)
+    np.testing.assert_array_equal(fp8.encode_e4m3(x.reshape(2, -1)), want.reshape(2, -1))  # shape kept
+    # float64 just above the midpoint of codes 40 and 41: as float32 it would be the tie itself
+    # (which goes to the even code 40); as float64 it rounds up to 41
+    above = np.nextafter(np.float64(mids[40]), np.inf)
+    assert np.float32(above) == mids[40] and fp8.encode_e4m3(mids[40:41])[0] == 40
+    assert fp8.encode_e4m3(np.array([above]))[0] == 41

@@ -46,14 +46,49 @@ def decode_e4m3(codes: np.ndarray) -> np.ndarray:
     return _code_values().astype(np.float32)[np.asarray(codes, dtype=np.uint8)]
 
 
+ENCODE_CHUNK = 1 << 20  # elements encoded at a time: bounds the temporaries of an 8B-sized weight
+
+
 def encode_e4m3(x: np.ndarray) -> np.ndarray:
-    """float -> uint8 code of its rounded E4M3 value (round_to_e4m3); -0.0 -> 0x80."""
-    v = round_to_e4m3(x).astype(np.float64)
+    """float -> uint8 code of its rounded E4M3 value (round_to_e4m3); -0.0 -> 0x80, NaN -> 0x7F.
+    float32 (and narrower) input is encoded from its bits, a chunk at a time (a weight of an
+    8B model in seconds, where the float64 search took minutes); float64 input is rounded as
+    float64, never first to float32 (that would round twice)."""
+    x = np.asarray(x)
+    if x.dtype == np.float64:
+        return _encode_rounded(round_to_e4m3(x))
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty(flat.shape, np.uint8)
+    for i in range(0, flat.size, ENCODE_CHUNK):
+        out[i:i + ENCODE_CHUNK] = _encode_float32(flat[i:i + ENCODE_CHUNK])
+    return out.reshape(x.shape)
+
+
+def _encode_float32(x: np.ndarray) -> np.ndarray:
+    """Codes of float32 x (1-D) by integer arithmetic on its bits: round the 23-bit mantissa
+    to 3 bits, ties to even (add 0x7FFFF plus the lowest kept bit, then truncate: a carry
+    moves the exponent up, as it should); below 2^-6 the subnormal grid of 2^-9 steps, where
+    x * 512 is exact and np.rint rounds ties to even. |x| is clamped to 448 first, so no value
+    rounds to the NaN pattern."""
+    sign = ((x.view(np.uint32) >> 24) & 0x80).astype(np.uint8)
+    a = np.minimum(np.abs(x), np.float32(E4M3_MAX))  # NaN stays NaN
+    bits = a.view(np.uint32)
+    rounded = bits + np.uint32(0x7FFFF) + ((bits >> 20) & np.uint32(1))
+    # E4M3 exponent field (bias 7) and the 3 kept mantissa bits; meaningful where a >= 2^-6
+    normal = (((rounded >> 23).astype(np.int32) - (127 - 7)) << 3) | ((rounded >> 20) & np.uint32(7)).astype(np.int32)
+    subnormal = np.rint(a * np.float32(1 / E4M3_SUBNORMAL_STEP))
+    small = a < np.float32(E4M3_MIN_NORMAL)
+    mag = np.where(small, np.where(np.isnan(subnormal), 0, subnormal).astype(np.int32), normal).astype(np.uint8)
+    return np.where(np.isnan(a), np.uint8(0x7F), mag | sign)
+
+
+def _encode_rounded(v: np.ndarray) -> np.ndarray:
+    """Codes of values already on the E4M3 grid (round_to_e4m3's output)."""
+    v = np.asarray(v, np.float64)
     table = _code_values()[:0x7F]  # non-negative finite codes, increasing with the code
     mag = np.searchsorted(table, np.abs(v)).astype(np.uint8)  # exact: v is on the grid
     sign = np.signbit(v).astype(np.uint8) << 7
-    nan = np.isnan(v)
-    return np.where(nan, np.uint8(0x7F), mag | sign).astype(np.uint8)
+    return np.where(np.isnan(v), np.uint8(0x7F), mag | sign).astype(np.uint8)
 
 
 def channel_scales(w: np.ndarray) -> np.ndarray:
