@@ -285,14 +285,23 @@ def test_mxfp4_experts_requantized_by_quant(tiny_checkpoint, tmp_path):
 
 
 def test_expert_notes_say_how_experts_are_stored(tiny_checkpoint):
-    """Calibrated modes store experts RTN, modes without an expert kernel keep them fp32, and
-    the build log says so (never silently)."""
+    """AWQ scales each expert's down (gate/up RTN), GPTQ calibrates each expert, modes without
+    an expert kernel keep them fp32, and the build log says so (never silently)."""
     from bessemer.builder.passes.quantize import expert_notes
     from bessemer.builder.pipeline import run_passes
 
     graph, _ = model_graph(tiny_checkpoint("mixtral"))
     awq = BuildConfig(quant=QuantConfig("w4a16-awq", calib_data="unused.txt", group_size=32))
-    assert expert_notes(run_passes(graph, awq)[0], awq) == ["experts: RTN (awq calibrates linears only)"]
+    assert expert_notes(run_passes(graph, awq)[0], awq) == [
+        "experts: AWQ per expert for down (scales from the calibration tokens routed to it, folded into its up rows; "
+        "RTN for an expert fewer than 16 reach); gate/up RTN (their input is shared by every expert and the router: "
+        "no per-expert fold)"]
+    oss, _ = model_graph(tiny_checkpoint("gpt-oss"))
+    assert expert_notes(run_passes(oss, awq)[0], awq) == [
+        "experts: RTN (awq calibrates linears only: gpt-oss's clamped activation takes no exact per-expert fold)"]
+    gptq = BuildConfig(quant=QuantConfig("w4a16-gptq", calib_data="unused.txt", group_size=32))
+    assert expert_notes(run_passes(graph, gptq)[0], gptq) == [
+        "experts: GPTQ per expert from the calibration tokens routed to it (RTN for an expert fewer than 16 reach)"]
     sq = BuildConfig(quant=QuantConfig("w8a8-sq", calib_data="unused.txt"))
     assert expert_notes(graph, sq) == ["experts: float32 (no w8a8-sq expert kernel; w8a16, w4a16 and fp8 quantize experts)"]
     tp2 = BuildConfig(quant=QuantConfig("w8a16"), tp_size=2)

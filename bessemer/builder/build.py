@@ -24,7 +24,8 @@ from bessemer.builder.checkpoint import Checkpoint
 from bessemer.builder.config import BuildConfig
 from bessemer.ir.graph import GraphError
 from bessemer.builder.input_groups import input_groups
-from bessemer.builder.passes.quantize import expert_notes
+from bessemer.builder.moe_layers import moe_layers
+from bessemer.builder.passes.quantize import expert_notes, expert_calibration_lines
 from bessemer.builder.pipeline import run_passes
 from bessemer.builder.precision_plan import plan_precision
 from bessemer.builder.weights import WeightSource
@@ -149,6 +150,12 @@ def _time_left(elapsed: float, done: int, total: int) -> str:
     return f", about {elapsed * (total - done) / done:.0f}s left"
 
 
+def _calibrate(ckpt, graph, quant, say, kernel_smoothed: frozenset = frozenset()):
+    """The calibration step on the model's unpassed graph: its linears' input groups and moe layers."""
+    groups = input_groups(graph)
+    return calibrate(ckpt, groups, quant, say, kernel_smoothed, moe_layers(graph, groups))
+
+
 def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress, target,
                 rank_graph: tuple) -> dict:
     """Writes rank{build.tp_rank}.engine into tmp from its lowered graph (rank_graph: what
@@ -234,7 +241,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
     calibration, precision = None, None
     if build.quant is not None and build.quant.bits_per_weight is not None and not build.quant.precision:
         t = time.perf_counter()
-        calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say)
+        calibration = _calibrate(ckpt, family.build_graph(cfg, ckpt.shapes()), build.quant, say)
         build, precision = plan_precision(family.build_graph(cfg, ckpt.shapes()), build, ckpt, calibration, say)
         timings["mixed_precision"] = time.perf_counter() - t
 
@@ -261,8 +268,7 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         # inputs without a fold are smoothed only where the quantize pass gave the kernel a 1/s
         # (not, e.g., an excluded o_proj, which runs in floating point)
         kernel_smoothed = frozenset(s.parts[0] for s in lowered.tensors if s.role == "smooth")
-        calibration = calibrate(ckpt, input_groups(family.build_graph(cfg, ckpt.shapes())), build.quant, say,
-                                kernel_smoothed)
+        calibration = _calibrate(ckpt, family.build_graph(cfg, ckpt.shapes()), build.quant, say, kernel_smoothed)
         timings["calibration"] = time.perf_counter() - t
         if build.quant.algorithm == "smoothquant":  # record the backend that ran, not "auto"
             build = replace(build, quant=replace(build.quant, calib_backend=calibration.backend))
@@ -293,6 +299,8 @@ def build_engine(model_dir: str | os.PathLike, output_dir: str | os.PathLike,
         timings["total"] = time.perf_counter() - t0
         quant_error = {(name if n == 1 else f"{name}[rank{i}]"): v
                        for i, r in enumerate(ranks) for name, v in r["quant_error"].items()}
+        for line in expert_calibration_lines(quant_error):
+            say(line)
         report = {"timings_s": {k: round(v, 3) for k, v in timings.items()},
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   "passes": ranks[0]["applied"], "num_tensors": len(ranks[0]["tensors"]),

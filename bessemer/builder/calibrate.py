@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from bessemer.builder.input_groups import linear_input_keys
 from bessemer.datasets import text_path
 from bessemer.quantization.calibration import CalibrationSpec, collect
-from bessemer.quantization.channel_scales import InputGroup
-from bessemer.quantization.formats import StoredFormat, WeightCalibration
+from bessemer.quantization.channel_scales import ChannelScales, InputGroup
+from bessemer.quantization.expert_calibration import (ExpertCalibration, ExpertInputs, MoeLayer, awq_down_scales,
+                                                     awq_folds_exactly)
+from bessemer.quantization.formats import ExpertStack, Int4Group, StoredFormat, WeightCalibration, expert_format
 
 
 @dataclass
@@ -28,12 +30,23 @@ class CalibrationResult:
     multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
     backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
+    # w4a16-gptq: a moe weight's first HF tensor -> its layer's calibration rows and which
+    # matrix it is ("gate_up" | "down"), for GPTQ per expert (quantization/expert_calibration.py)
+    experts: dict = field(default_factory=dict)
 
-    def for_weight(self, parts: tuple[str, ...], fmt: StoredFormat) -> WeightCalibration:
+    def for_weight(self, parts: tuple[str, ...], fmt: StoredFormat, slices: tuple = (),
+                   read=None) -> WeightCalibration:
         """What `fmt` uses of the calibration for the weight made of HF tensors `parts`:
         the input's Hessian when GPTQ chooses its codes (cached statistics may hold
         Hessians a build does not use: an int8 lm_head is round to nearest), its max |x|
-        (fp8's static input scale), SmoothQuant's kernel 1/s."""
+        (fp8's static input scale), SmoothQuant's kernel 1/s; for experts stored 4-bit by
+        w4a16-gptq, each expert's Hessian from the tokens routed to it. slices: the
+        weight's tensor-parallel blocks (a rank's whole stacked experts start at
+        slices[0][0]); read(name, sl): the checkpoint tensors the experts' inputs need."""
+        if parts[0] in self.experts and isinstance(fmt, ExpertStack) and fmt.inner.gptq_codes and self.gptq:
+            inputs, matrix = self.experts[parts[0]]
+            first = slices[0][0] if fmt.input_major and slices else 0
+            return WeightCalibration(experts=ExpertCalibration(inputs, matrix, read, first, self.act_order))
         key = self.weight_keys.get(parts[0])
         stats = self.stats.get(key, {}) if key else {}
         return WeightCalibration(
@@ -44,23 +57,35 @@ class CalibrationResult:
             smooth=self.multipliers[parts[0]] if fmt.smooth else None)
 
 
-def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: frozenset = frozenset()) -> CalibrationResult:
+def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: frozenset = frozenset(),
+              moe: list[MoeLayer] = ()) -> CalibrationResult:
     """groups: the model's input groups (builder/input_groups.py, from its unpassed graph);
-    kernel_smoothed: first weights of the linears whose w8a8 kernel applies a stored 1/s."""
+    kernel_smoothed: first weights of the linears whose w8a8 kernel applies a stored 1/s;
+    moe: its moe layers (builder/moe_layers.py), whose experts w4a16-gptq and w4a16-awq
+    calibrate per expert."""
     from bessemer.quantization.awq import awq_transforms
 
     spec = CalibrationSpec(text_path(quant.calib_data), quant.calib_samples, quant.calib_seq_len)
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
+    # experts stored as 4-bit groups are calibrated per expert by GPTQ, and AWQ where its scale
+    # folds exactly (awq_folds_exactly): every row of their layer's input is kept
+    moe = [m for m in moe if isinstance(expert_format(quant, ckpt.shape(m.router)[1]), Int4Group)
+           and (quant.algorithm == "gptq" or (quant.algorithm == "awq" and awq_folds_exactly(m)))]
     # only GPTQ (int4, or fp8 codes rounded by GPTQ) and the mixed-precision sensitivity need
     # the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
     stats = collect(ckpt.dir, spec, [g.key for g in groups], say,
-                    hessian=quant.uses_gptq or quant.bits_per_weight is not None)
+                    hessian=quant.uses_gptq or quant.bits_per_weight is not None,
+                    keep_rows=[m.input_key for m in moe])
     result = CalibrationResult(stats, quant.algorithm, {w: g.key for g in groups for w in g.weights},
                                quant.act_order, quant.uses_gptq,
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
+    inputs = {m.node: ExpertInputs(m, stats[m.input_key]["inputs"]) for m in moe}
+    if quant.algorithm == "gptq":
+        for m in moe:
+            result.experts.update({m.gate_up[0]: (inputs[m.node], "gate_up"), m.down[0]: (inputs[m.node], "down")})
     if quant.mode == "fp8" and quant.fp8_smoothing_alpha is not None:
         _smooth_fp8(ckpt, groups, quant.fp8_smoothing_alpha, result, say)
     if quant.algorithm == "awq":
@@ -68,7 +93,28 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
         result.transforms, per_group = awq_transforms(ckpt.get, groups, stats,
                                                       quant.group_size, quant.zero_point, say)
         result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
+        if moe:
+            t = time.perf_counter()
+            result.report["awq_experts"] = _awq_experts(ckpt, inputs, quant, result, say)
+            result.report["awq_experts_s"] = round(time.perf_counter() - t, 2)
     return result
+
+
+def _awq_experts(ckpt, inputs: dict, quant, result: CalibrationResult, say) -> dict:
+    """AWQ scales for each expert's down (expert_calibration.awq_down_scales), added to the
+    build's transforms (expert tensors are no linear's: no factor lands twice on one)."""
+    scales = ChannelScales()
+    report = {}
+    for node, layer_inputs in inputs.items():
+        r = report[node] = awq_down_scales(layer_inputs, ckpt.get, scales,
+                                          quant.group_size, quant.zero_point)
+        fallback = ", ".join(f"{e} ({t} tokens)" for e, t in list(r["rtn_fallback"].items())[:8])
+        more = f" and {len(r['rtn_fallback']) - 8} more" if len(r["rtn_fallback"]) > 8 else ""
+        say(f"{node}: AWQ for the down of {r['experts_awq']}/{len(r['expert_tokens'])} experts "
+            f"({min(r['expert_tokens'])}-{max(r['expert_tokens'])} tokens each)"
+            + (f"; RTN for {len(r['rtn_fallback'])}: {fallback}{more}" if r["rtn_fallback"] else ""))
+    result.transforms.update(scales.transforms)
+    return report
 
 
 def _smooth_fp8(ckpt, groups, alpha: float, result: CalibrationResult, say) -> None:

@@ -65,7 +65,8 @@ class WeightSource:
         shipped = fmt.shipped_parts(self.ckpt, spec.parts, spec.slices)
         if shipped is not None:  # the checkpoint stores this format (MXFP4 experts): its bytes, not requantized
             return shipped
-        calib = self.calibration.for_weight(spec.parts, fmt) if self.calibration else WeightCalibration()
+        calib = (self.calibration.for_weight(spec.parts, fmt, spec.slices, self.part) if self.calibration
+                 else WeightCalibration())
         k_split = [s for p, s in zip(spec.parts, spec.slices) if s[3] - s[2] != self.ckpt.index[p].shape[1]]
         if k_split and fmt.full_rows_for_k_shard(calib):
             q, w = fmt.store(self.fp32(spec, full_rows=True), calib, cut=(k_split[0][2], k_split[0][3]))

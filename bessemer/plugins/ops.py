@@ -343,6 +343,15 @@ def _expert_act(g, u, activation):
     return g / (1.0 + np.exp(-g)) * u
 
 
+def ref_expert_hidden(gate_up_out, activation, interleaved):
+    """One expert's gate_up output (R, 2I) -> the input of its down (R, I): act(gate, up),
+    gate and up interleaved (layout 1, gpt-oss) or [gate | up] (layout 0)."""
+    i = gate_up_out.shape[1] // 2
+    if interleaved:
+        return _expert_act(gate_up_out[:, ::2], gate_up_out[:, 1::2], activation)
+    return _expert_act(gate_up_out[:, :i], gate_up_out[:, i:], activation)
+
+
 def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_topk, norm_topk_prob,
             layout=0, activation=0, first_expert=0, local_experts=None, matmul_input=None):
     """x: (T, H); weights: gate_up, down[, gate_up_bias, down_bias] as `layout` stores them
@@ -366,12 +375,12 @@ def ref_moe(x, logits, weights, num_experts, top_k, expert_size, softmax_after_t
             gu = cast(x64[rows]) @ gate_up[e]  # (R, 2I), gate and up interleaved
             if bias_gu is not None:
                 gu = gu + bias_gu[e]
-            y = cast(_expert_act(gu[:, ::2], gu[:, 1::2], activation)) @ down[e]
+            y = cast(ref_expert_hidden(gu, activation, True)) @ down[e]
         else:
             gu = cast(x64[rows]) @ gate_up[e * 2 * i:(e + 1) * 2 * i].T
             if bias_gu is not None:
                 gu = gu + bias_gu[e * 2 * i:(e + 1) * 2 * i]
-            y = cast(_expert_act(gu[:, :i], gu[:, i:], activation)) @ down[e * h:(e + 1) * h].T
+            y = cast(ref_expert_hidden(gu, activation, False)) @ down[e * h:(e + 1) * h].T
         if bias_d is not None:
             y = y + (bias_d[e] if layout == 1 else bias_d[e * h:(e + 1) * h])
         out[rows] += y * probs[rows, slot][:, None]

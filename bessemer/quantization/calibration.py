@@ -8,10 +8,15 @@ text; forward hooks gather, per distinct linear input, what the algorithms need:
     abs_max    max |x| per input channel       (K,)    SmoothQuant factors, FP8/INT8 activation scales
     sample     a fixed subset of rows          (R, K)  AWQ loss
 
+    inputs     every row, in a file             (T, K)  per-expert GPTQ / AWQ of a MoE layer
+                                                        (keep_rows): expert_calibration.py routes them
+
 Linears that read the same value (q/k/v, gate/up) are one input group
 (builder/input_groups.py): the input is recorded once, under the group's key, the name of
 its first linear, which is the HF module the hook sits on. Results are cached by content hash (checkpoint tensors, text, samples, length, version),
-so building another mode from the same data does not recompute them.
+so building another mode from the same data does not recompute them. Kept rows are written
+as they come into one .npy per key beside the statistics and returned memory-mapped: a
+48-layer MoE's inputs (T x H x 4 bytes a layer) never sit in RAM together.
 """
 
 from __future__ import annotations
@@ -84,17 +89,22 @@ def calibration_windows(model_dir: Path, spec: CalibrationSpec) -> list[list[int
 
 
 def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
-            progress: Callable[[str], None] = lambda m: None, hessian: bool = True) -> dict:
+            progress: Callable[[str], None] = lambda m: None, hessian: bool = True,
+            keep_rows: Iterable[str] = ()) -> dict:
     """Returns {key: {"hessian", "abs_mean", "abs_max", "sample", "rows"}} (numpy), cached,
     for the input of each linear module named in `inputs` (the input groups' keys).
-    hessian=False (SmoothQuant, FP8 scales) skips the (K, K) sums, a good part of the cost."""
+    hessian=False (SmoothQuant, FP8 scales) skips the (K, K) sums, a good part of the cost.
+    keep_rows: keys (among `inputs`) whose every row is kept too, as "inputs" (T, K) fp32
+    memory-mapped from the cache."""
     model_dir = Path(model_dir)
+    keep_rows = sorted(set(keep_rows))
     path = cache_dir() / f"{_content_hash(model_dir, spec)}.npz"
     if not hessian and not path.exists():  # a full set of statistics serves too
         path = cache_dir() / f"{_content_hash(model_dir, spec, ':nohessian')}.npz"
-    if path.exists():
+    kept = {key: _rows_path(path, key) for key in keep_rows}
+    if path.exists() and all(p.exists() for p in kept.values()):
         progress(f"calibration: cached statistics {path}")
-        return _load(path)
+        return _with_rows(_load(path), kept)
     from bessemer.builder.hf_loader import load_hf_model
 
     wins = calibration_windows(model_dir, spec)
@@ -103,10 +113,25 @@ def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
     stats: dict[str, dict] = {}
     rng = np.random.default_rng(0)
     take = max(1, SAMPLE_ROWS // len(wins))
+    total_rows = sum(len(w) for w in wins)
+    rows_out: dict[str, np.ndarray] = {}  # key -> (total_rows, K) .npy being written
+    rows_done: dict[str, int] = {}
+
+    def keep(name, x):
+        if name not in rows_out:
+            kept[name].parent.mkdir(parents=True, exist_ok=True)
+            rows_out[name] = np.lib.format.open_memmap(_partial(kept[name]), mode="w+", dtype=np.float32,
+                                                       shape=(total_rows, x.shape[1]))
+            rows_done[name] = 0
+        r0 = rows_done[name]
+        rows_out[name][r0:r0 + x.shape[0]] = x.numpy()
+        rows_done[name] = r0 + x.shape[0]
 
     def hook(name):
         def record(module, args, output):
             x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # (rows, K)
+            if name in kept:
+                keep(name, x)
             s = stats.setdefault(name, {"hessian": torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64)
                                         if hessian else None,
                                         "abs_sum": torch.zeros(x.shape[1], dtype=torch.float64),
@@ -149,9 +174,31 @@ def collect(model_dir: Path, spec: CalibrationSpec, inputs: Iterable[str],
                      "abs_max": s["abs_max"].numpy(),
                      "sample": np.concatenate(s["sample"])[:SAMPLE_ROWS], "rows": np.int64(s["rows"])}
               for name, s in stats.items()}
+    for name, arr in rows_out.items():
+        if rows_done[name] != total_rows:
+            raise BessemerError(f"calibration: the input of {name} was seen on {rows_done[name]} rows of "
+                                f"{total_rows}; a module called more or less than once per token cannot be kept")
+        arr.flush()
+        del arr
+        os.replace(_partial(kept[name]), kept[name])
+    rows_out.clear()
     _save(path, result)
     progress(f"calibration: statistics cached in {path}")
-    return result
+    return _with_rows(result, kept)
+
+
+def _rows_path(stats_path: Path, key: str) -> Path:
+    return stats_path.with_suffix("") / f"{key}.rows.npy"
+
+
+def _partial(path: Path) -> Path:
+    return path.with_suffix(".partial.npy")
+
+
+def _with_rows(stats: dict, kept: dict[str, Path]) -> dict:
+    for key, p in kept.items():
+        stats[key]["inputs"] = np.load(p, mmap_mode="r")
+    return stats
 
 
 def _save(path: Path, stats: dict) -> None:

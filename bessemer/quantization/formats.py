@@ -58,6 +58,9 @@ class WeightCalibration:
     act_order: bool = False
     input_amax: float | None = None  # max |x| (fp8's static input scale)
     smooth: np.ndarray | None = None  # (K_full,) SmoothQuant 1/s applied by the kernel
+    # an ExpertStack's per-expert calibration (expert_calibration.ExpertCalibration:
+    # for_expert(i) -> WeightCalibration, token_counts(experts) -> (experts,) ints)
+    experts: object | None = None
 
 
 class StoredFormat(ABC):
@@ -403,9 +406,11 @@ class ExpertStack(StoredFormat):
     """A moe node's gate_up or down: `experts` (N, K) matrices, each stored in `inner`'s format,
     one after another as (E*N, K) output rows. input_major: the graph's weight is (E, K, N)
     (gpt-oss's stacked tensors), turned into each expert's output rows when it is quantized
-    (gate/up stay interleaved, as the kernel reads them). The codes are chosen by round to
-    nearest, an expert at a time: calibration (AWQ, GPTQ) gathers statistics for linears only,
-    so those modes store their experts RTN (said in the build log and report)."""
+    (gate/up stay interleaved, as the kernel reads them). The codes are chosen an expert at a
+    time: by GPTQ from the expert's own Hessian where the calibration has one for it
+    (WeightCalibration.experts: w4a16-gptq, from the tokens routed to the expert;
+    quantization/expert_calibration.py), else by round to nearest (an expert too few
+    calibration tokens reach, and every other mode). Which, per expert, is in the stats."""
 
     inner: StoredFormat
     experts: int
@@ -431,23 +436,40 @@ class ExpertStack(StoredFormat):
     def parts(self, shape):
         return self.inner.parts(self.rows_shape(shape))
 
+    # q's entries for stats, not stored: each expert's calibration tokens and whether GPTQ used them
+    EXPERT_INFO = ("expert_tokens", "expert_calibrated")
+
     def quantize(self, rows, calib):
-        # an expert at a time: the temporaries of one expert's (N, K), not the whole stack's
-        chunks = ([np.ascontiguousarray(w.T) for w in rows] if self.input_major else np.split(rows, self.experts))
-        q = [self.inner.quantize(chunk, WeightCalibration()) for chunk in chunks]
-        return {role: np.concatenate([x[role] for x in q]) for role in q[0]}
+        # an expert at a time: the temporaries of one expert's (N, K) (and its Hessian), not the whole stack's
+        chunks = ((np.ascontiguousarray(w.T) for w in rows) if self.input_major else np.split(rows, self.experts))
+        per_expert = calib.experts
+        q, calibrated = [], []
+        for i, chunk in enumerate(chunks):
+            c = per_expert.for_expert(i) if per_expert else WeightCalibration()
+            q.append(self.inner.quantize(chunk, c))
+            calibrated.append(c.hessian is not None)
+        out = {role: np.concatenate([x[role] for x in q]) for role in q[0]}
+        if per_expert is not None:
+            out.update(expert_tokens=per_expert.token_counts(self.experts), expert_calibrated=np.array(calibrated))
+        return out
+
+    def _split_info(self, q: dict) -> tuple[dict, dict]:
+        return ({k: v for k, v in q.items() if k not in self.EXPERT_INFO},
+                {k: v for k, v in q.items() if k in self.EXPERT_INFO})
 
     def dequantize(self, q):
         return self.inner.dequantize(q)
 
     # tensor parallelism (one expert matrix per HF part, layout 0) cuts every expert's down
-    # along K at the same columns: the inner format's rules, expert by expert; the codes are
-    # RTN whatever the build's calibration, so only the inner format decides whole rows
+    # along K at the same columns: the inner format's rules, expert by expert; GPTQ's codes
+    # (error propagated along whole rows) are chosen on the full matrices, then cut
     def full_rows_for_k_shard(self, calib):
-        return self.inner.full_rows_for_k_shard(WeightCalibration())
+        return calib.experts is not None or self.inner.full_rows_for_k_shard(WeightCalibration())
 
     def slice_columns(self, q, c0, c1):
-        return self.inner.slice_columns(q, c0, c1)  # parameters are per output row: stacking keeps them
+        parts, info = self._split_info(q)
+        # parameters are per output row: stacking keeps them
+        return dict(self.inner.slice_columns(parts, c0, c1), **info)
 
     def column_split_error(self, k, cuts, rank):
         return self.inner.column_split_error(k, cuts, rank)
@@ -458,13 +480,22 @@ class ExpertStack(StoredFormat):
         q = self.quantize(rows, calib)
         if cut is not None:
             q, rows = self.slice_columns(q, *cut), rows[:, cut[0]:cut[1]]
-        return self.inner.finish(q), self.to_rows(rows)
+        parts, info = self._split_info(q)
+        return dict(self.inner.finish(parts), **info), self.to_rows(rows)
 
     def pack(self, role, values, layout):
         return self.inner.pack(role, values, layout)
 
     def stats(self, w, q):
-        return dict(self.inner.stats(w, q), experts=self.experts, algorithm="rtn")
+        parts, info = self._split_info(q)
+        stats = dict(self.inner.stats(w, parts), experts=self.experts, algorithm="rtn")
+        if info:
+            tokens, calibrated = info["expert_tokens"], info["expert_calibrated"]
+            stats.update(algorithm="gptq" if calibrated.any() else "rtn", experts_gptq=int(calibrated.sum()),
+                         # expert index in the stack -> its calibration tokens, for those stored RTN
+                         rtn_fallback={int(i): int(tokens[i]) for i in np.nonzero(~calibrated)[0]},
+                         expert_tokens=[int(t) for t in tokens])
+        return stats
 
     def describe(self):
         return f"experts({self.inner.describe()},experts={self.experts},input_major={self.input_major})"

@@ -8,8 +8,10 @@ names (HF module paths). A w8a8 (SmoothQuant) linear whose input comes from atte
 producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 1/s.
 A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
 node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 / E4M3 format:
-formats.expert_format) when the target has a kernel for them, by round to nearest whatever the
-mode's algorithm (calibration covers linears only; fp8 experts scale their activations per
+formats.expert_format) when the target has a kernel for them: w4a16-gptq chooses each expert's
+codes by GPTQ from the tokens routed to it, w4a16-awq scales each expert's down from them
+(both RTN for an expert too few reach: quantization/expert_calibration.py), the rest is round
+to nearest (fp8's calibration covers linears only; fp8 experts scale their activations per
 token); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
 format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape the target's
 expert kernel refuses, such as cuda's 4-bit groups that are not a multiple of 32) they stay float32.
@@ -31,6 +33,7 @@ from bessemer.builder.config import BuildConfig
 from bessemer.builder.passes.shard_tensor_parallel import rank_expert_size
 from bessemer.ir.graph import Graph, Node
 from bessemer.errors import InvalidOptionError
+from bessemer.quantization.expert_calibration import MIN_EXPERT_TOKENS
 from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, expert_format,
                                           scheme_format, weight_format)
 from bessemer.targets import get_target
@@ -130,8 +133,9 @@ def _quantize_experts(node: Node, build: BuildConfig) -> Node:
 
 
 def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
-    """One build-log line per distinct way the experts are stored (never silent: an AWQ or
-    GPTQ build stores its experts RTN)."""
+    """One build-log line per distinct way the experts are stored (never silent: an AWQ build
+    stores its experts RTN; a GPTQ build's per-expert outcome follows the packing, in
+    expert_calibration_lines)."""
     if build.quant is None:
         return []
     notes = set()
@@ -142,9 +146,35 @@ def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
             calibrated = q.fp8_activations == "static" or q.fp8_rounding == "gptq"
             notes.add("E4M3 round to nearest, activation scales dynamic per token" +
                       (" (calibration covers linears only)" if calibrated else ""))
+        elif why is None and q.algorithm == "gptq":
+            notes.add(f"GPTQ per expert from the calibration tokens routed to it (RTN for an expert fewer than "
+                      f"{MIN_EXPERT_TOKENS} reach)")
+        elif why is None and q.algorithm == "awq" and int(n.attrs.get("layout", 0)) == 0 and not n.attrs.get("activation"):
+            notes.add(f"AWQ per expert for down (scales from the calibration tokens routed to it, folded into its "
+                      f"up rows; RTN for an expert fewer than {MIN_EXPERT_TOKENS} reach); gate/up RTN (their input "
+                      f"is shared by every expert and the router: no per-expert fold)")
         elif why is None:
-            notes.add("RTN" if q.algorithm == "rtn" else f"RTN ({q.algorithm} calibrates linears only)")
+            notes.add("RTN" if q.algorithm == "rtn" else f"RTN ({q.algorithm} calibrates linears only"
+                      + (": gpt-oss's clamped activation takes no exact per-expert fold)" if q.algorithm == "awq" else ")"))
         else:
             shipped = "; MXFP4 as shipped where the target keeps it" if n.attrs.get("mxfp4_experts") else ""
             notes.add(f"float32 ({why}){shipped}")
     return [f"experts: {note}" for note in sorted(notes)]
+
+
+def expert_calibration_lines(quant_error: dict, shown: int = 8) -> list[str]:
+    """One build-log line per expert weight quantized per expert (the build report's
+    quant_error entries with experts_gptq): how many experts GPTQ chose the codes of, and
+    which fell back to RTN with their calibration tokens."""
+    lines = []
+    for name, v in quant_error.items():
+        if "experts_gptq" not in v:
+            continue
+        fallback = v["rtn_fallback"]
+        listed = ", ".join(f"{e} ({t} tokens)" for e, t in list(fallback.items())[:shown])
+        more = f" and {len(fallback) - shown} more" if len(fallback) > shown else ""
+        tokens = v["expert_tokens"]
+        lines.append(f"{name}: GPTQ for {v['experts_gptq']}/{v['experts']} experts "
+                     f"({min(tokens)}-{max(tokens)} tokens each)"
+                     + (f"; RTN for {len(fallback)}: {listed}{more}" if fallback else ""))
+    return lines
