@@ -178,7 +178,8 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
 
     header = {"rank": rank, "tp_size": build.tp_size, "target": build.target,
               **target.header_fields(build), "plan": lowered.plan}
-    source = WeightSource(ckpt, graph.constants, calibration)
+    source = WeightSource(ckpt, graph.constants, calibration, threads=quantize_threads(build, calibration))
+    source.write_order(specs)
     entries = [container.TensorEntry(s.name, s.dtype, s.layout, s.shape, source.producer(s)) for s in specs]
     kernels = target.kernel_section(lowered, build, say)  # compiled kernels, stored after the weights
     if kernels is not None:
@@ -187,7 +188,10 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
     total = sum(e.nbytes for e in entries)
     rank_file = tmp / f"rank{rank}.engine"
     t_pack = time.perf_counter()
-    digest = container.write_rank_file(rank_file, header, entries, on_tensor)
+    try:
+        digest = container.write_rank_file(rank_file, header, entries, on_tensor)
+    finally:
+        source.close()
     ckpt.close()
     return {"file": rank_file.name, "size": rank_file.stat().st_size, "sha256": digest,
             "kernels": list(lowered.kernels), "applied": applied, "quant_error": source.quant_stats,
@@ -195,6 +199,15 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensors": [{"name": s.name, "dtype": s.dtype, "layout": s.layout, "shape": list(s.shape)}
                         for s in specs]}
+
+
+def quantize_threads(build: BuildConfig, calibration) -> int:
+    """Threads that quantize weights ahead of the writer: the cores this process may use when
+    it builds the only rank of an uncalibrated build. Calibrated quantizers (GPTQ, AWQ) run
+    torch's own thread pools and read shared calibration state: one weight at a time."""
+    if calibration is not None or build.tp_size > 1:
+        return 1
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress,

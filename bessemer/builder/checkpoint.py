@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import threading
 import os
 import struct
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class Checkpoint:
                 raise BessemerError(f"{blocks} / {scales} are not an MXFP4 pair (uint8); re-export the checkpoint")
         self._maps: dict[Path, mmap.mmap] = {}
         self._fds: dict[Path, int] = {}
+        self._open_lock = threading.Lock()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         from bessemer.quantization.mxfp4 import dequantized_shape
@@ -152,9 +154,10 @@ class Checkpoint:
         return raw.astype(np.float32)
 
     def _fd(self, file: Path) -> int:
-        if file not in self._fds:
-            self._fds[file] = os.open(file, os.O_RDONLY)
-        return self._fds[file]
+        with self._open_lock:  # quantizing threads read tensors at once (pread itself is positional)
+            if file not in self._fds:
+                self._fds[file] = os.open(file, os.O_RDONLY)
+            return self._fds[file]
 
     def _read_whole(self, loc: TensorLocation, out: np.ndarray | None = None) -> np.ndarray:
         """A whole tensor as fp32, read with pread straight into its fp32 array (F32) or in
@@ -191,9 +194,10 @@ class Checkpoint:
     def _raw(self, name: str) -> np.ndarray:
         """A tensor as stored (no conversion): the uint8 blocks and scales of MXFP4."""
         loc = self.index[name]
-        if loc.file not in self._maps:
-            with open(loc.file, "rb") as f:
-                self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with self._open_lock:
+            if loc.file not in self._maps:
+                with open(loc.file, "rb") as f:
+                    self._maps[loc.file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         np_dtype, size = SAFETENSORS_DTYPES[loc.dtype]
         return np.frombuffer(self._maps[loc.file], dtype=np_dtype, count=(loc.end - loc.start) // size,
                              offset=loc.start).reshape(loc.shape)

@@ -10,6 +10,7 @@ then it reads the full rows of the shard, quantizes them and keeps the shard's c
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -23,11 +24,31 @@ from bessemer.quantization.formats import WeightCalibration
 
 
 class WeightSource:
-    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None):
+    """`threads` > 1 quantizes the next weights (in the writer's order) on that many threads
+    while the writer packs the current one: NumPy releases the GIL in the quantizers' array
+    work, and each weight is quantized alone, so the bytes do not depend on the threads. At
+    most `threads` weights are in flight (each an fp32 copy and its quantizer's temporaries)."""
+
+    def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None,
+                 threads: int = 1):
         self.ckpt, self.constants = ckpt, constants
         self.calibration = calibration
         self.quant_stats: dict[str, dict] = {}  # weight -> its format's error line (build report)
         self._cached: tuple[str, dict] | None = None
+        self.threads = threads
+        self._order: list[TensorSpec] = []  # quantized weights, one spec per source, in write order
+        self._pending: dict[str, Future] = {}  # source -> its quantization, submitted ahead
+        self._pool: ThreadPoolExecutor | None = None
+
+    def write_order(self, specs: list[TensorSpec]) -> None:
+        """The order the writer will ask for the tensors in (what the threads quantize ahead)."""
+        seen: set[str] = set()
+        self._order = [s for s in specs if s.quant is not None and not (s.source in seen or seen.add(s.source))]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def part(self, name: str, sl: tuple | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """A checkpoint tensor (or its block `sl`), with the AWQ scaling folded in where there
@@ -80,9 +101,24 @@ class WeightSource:
             if spec.quant is None:
                 return encode(self.fp32(spec), spec.dtype, spec.layout)
             if self._cached is None or self._cached[0] != spec.source:
-                self._cached = (spec.source, self._quantize(spec))
+                self._cached = (spec.source, self._quantized(spec))
             return spec.quant.pack(spec.role, self._cached[1][spec.role], spec.layout)
         return produce
+
+    def _quantized(self, spec: TensorSpec) -> dict[str, np.ndarray]:
+        """spec's quantized parts: from its thread when one quantized it ahead; before
+        returning, the next weights in write order are handed to the threads."""
+        if self.threads <= 1 or not self._order:
+            return self._quantize(spec)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="quantize")
+        at = next((i for i, s in enumerate(self._order) if s.source == spec.source), None)
+        if at is None:
+            return self._quantize(spec)
+        for ahead in self._order[at:at + self.threads]:
+            if ahead.source not in self._pending:
+                self._pending[ahead.source] = self._pool.submit(self._quantize, ahead)
+        return self._pending.pop(spec.source).result()
 
 
 def _block_shape(shape: tuple[int, ...], sl: tuple | None) -> tuple[int, ...]:
