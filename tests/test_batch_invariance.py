@@ -41,8 +41,12 @@ def tiny_options(mode: str) -> tuple[str, dict]:
 
     if mode == "tp2":
         return "float32", dict(tp_size=2)
+    if mode.startswith("kv-"):  # a one-byte KV cache: codes and a scale per (token, head) written as it comes
+        return "bfloat16", dict(kv_block_size=4, kv_cache_dtype=mode[3:])
     quant = {"fp8": QuantConfig("fp8", fp8_rounding="nearest", fp8_activations="dynamic", lm_head="none"),
-             "w4a16": QuantConfig("w4a16", group_size=32, lm_head="none")}.get(mode)
+             "w4a16": QuantConfig("w4a16", group_size=32, lm_head="none"),
+             "w8a16": QuantConfig("w8a16", lm_head="none"),
+             "w4k": QuantConfig("w4k", lm_head="none")}.get(mode)
     return ("float32", dict(kv_block_size=4, quant=quant)) if quant else (mode, dict(kv_block_size=4))
 
 
@@ -63,14 +67,17 @@ def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     ("mistral", "float32", "auto"), ("gemma3", "bfloat16", "auto"),
     ("llama-untied", "fp8", "auto"), ("llama-untied", "fp8", "avx2"),
     ("qwen3-moe", "float32", "auto"), ("qwen3-moe", "w4a16", "auto"), ("mixtral", "w4a16", "avx2"),
+    ("qwen3-moe", "w8a16", "auto"), ("qwen3-moe", "fp8", "auto"), ("gpt-oss", "w4k", "auto"),
+    ("llama-untied", "kv-int8", "auto"), ("llama-untied", "kv-fp8", "auto"),
     ("llama-untied", "tp2", "auto"),
 ], ids=lambda p: "-".join(p))
 def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq, w4a8 (both ISAs); tiny Mistral and
     Gemma 3 (sliding-window layers: blocks of keys starting inside a window); tiny Llama in fp8 (dynamic
-    per-token activation scales, both ISAs); tiny MoEs (Qwen3-MoE fp32 and w4a16 experts, Mixtral w4a16 on
-    AVX2: a token's experts must not depend on which other tokens share them); tiny Llama on two tensor-parallel
-    ranks. TP=2 is compared with itself only: its all-reduce adds the two ranks' partial sums of each
+    per-token activation scales, both ISAs); tiny MoEs (Qwen3-MoE fp32, w4a16, w8a16 and fp8 experts, gpt-oss
+    with w4k linears, Mixtral w4a16 on AVX2: a token's experts must not depend on which other tokens share them);
+    tiny Llama with int8 and fp8 KV caches (a row's codes and scale depend on that row alone); tiny Llama on two
+    tensor-parallel ranks. TP=2 is compared with itself only: its all-reduce adds the two ranks' partial sums of each
     row-parallel linear, an order of the sum TP=1 does not have, so TP=2 vs TP=1 is close
     (test_tensor_parallel.py) but not bit-identical."""
     return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
