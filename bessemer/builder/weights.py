@@ -37,13 +37,18 @@ class WeightSource:
         self._cached: tuple[str, dict] | None = None
         self.threads = threads
         self._order: list[TensorSpec] = []  # quantized weights, one spec per source, in write order
+        self._position: dict[str, int] = {}  # source -> its index in _order
         self._pending: dict[str, Future] = {}  # source -> its quantization, submitted ahead
         self._pool: ThreadPoolExecutor | None = None
 
     def write_order(self, specs: list[TensorSpec]) -> None:
         """The order the writer will ask for the tensors in (what the threads quantize ahead)."""
-        seen: set[str] = set()
-        self._order = [s for s in specs if s.quant is not None and not (s.source in seen or seen.add(s.source))]
+        first: dict[str, TensorSpec] = {}
+        for s in specs:
+            if s.quant is not None:
+                first.setdefault(s.source, s)
+        self._order = list(first.values())
+        self._position = {source: i for i, source in enumerate(first)}
 
     def close(self) -> None:
         if self._pool is not None:
@@ -112,7 +117,7 @@ class WeightSource:
             return self._quantize(spec)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="quantize")
-        at = next((i for i, s in enumerate(self._order) if s.source == spec.source), None)
+        at = self._position.get(spec.source)
         if at is None:
             return self._quantize(spec)
         for ahead in self._order[at:at + self.threads]:
