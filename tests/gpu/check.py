@@ -83,16 +83,20 @@ SYNC_VARIABLE = "BESSEMER_CUDA_SYNC"  # the executor's eager, synchronize-after-
 # seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
 # a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
 # the 8B engine the later 8B stages share (sha256 of 15 GiB ~10 s, upload, 8 graphs).
+# seconds a build needs at least on the GPU machine (kernels prebuilt): a build the time left
+# cannot hold is skipped, not started and cut (the rehearsal's tiny builds take a second).
+# The 8B quantized builds quantize ~7e9 weights on the machine's cores (the native int4 scale
+# search over all of them, the rest on one thread per core ahead of the writer): int4 RTN ~4 ns
+# a weight of 2-core time (1B: 26 s on 2 cores), E4M3 ~16 ns of one core's.
+BUILD_S = {"135m": 10, "1b": 20, "8b": 60, "8b-w4a16": 120, "8b-fp8": 90, "8b-fp8-kvfp8": 90}
+QUANT_BUILDS = ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8")
+# seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
+# a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
+# the 8B engine the later 8B stages share (sha256 of 15 GiB ~10 s, upload, 8 graphs). The
+# quantized builds may take twice their estimate above (extrapolated from 2 cores to 16).
 LIMITS = {"environment": 30, "checkpoint": 90, "build": 200, "correctness": 60, "decode": 60, "prefill": 45,
           "throughput": 90, "hf-eager": 60, "hf-compiled": 180,
-          # the 8B quantized builds quantize ~7e9 weights on the machine's cores (the native
-          # int4 scale search over all of them, the rest on one thread per core ahead of the
-          # writer): int4 RTN ~4 ns a weight of 2-core time (1B: 26 s on 2 cores), E4M3 ~16 ns
-          # of one core's; the limits allow twice the estimates below
-          "build-8b-w4a16": 240, "build-8b-fp8": 180, "build-8b-fp8-kvfp8": 180}
-# seconds a build needs at least on the GPU machine (kernels prebuilt): a build the time left
-# cannot hold is skipped, not started and cut (the rehearsal's tiny builds take a second)
-BUILD_S = {"135m": 10, "1b": 20, "8b": 60, "8b-w4a16": 120, "8b-fp8": 90, "8b-fp8-kvfp8": 90}
+          **{f"build-{name}": 2 * BUILD_S[name] for name in QUANT_BUILDS}}
 
 
 class StageCut(BaseException):
