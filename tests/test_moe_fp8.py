@@ -16,7 +16,7 @@ from bessemer.runtime.llm import LLM
 import tolerances as tol
 from conftest import _hf_model
 from test_kernels import ISAS, assert_close
-from test_moe_quant import E_KERNEL, K_KERNEL, PROMPTS, _plan_ops, run_expert_kernel
+from test_moe_quant import E_KERNEL, K_KERNEL, PROMPTS, _plan_ops, assert_small_batches_match, run_expert_kernel
 
 # round to nearest and per-token scales: nothing to calibrate; lm_head in fp32 (the int8
 # lm_head has its own tests), so the oracle below is the whole model
@@ -45,7 +45,9 @@ def test_fp8_expert_kernel_matches_reference(tmp_path, isa, layout, act_group):
     (gate <= 7, |up| <= 7) from binding on both at once: a row holding (7 + 1) * 7 * sigmoid(11.9)
     as its max and (-7 + 1) * 7 * sigmoid(11.9) puts the latter exactly on an E4M3 tie (-336,
     midway between -320 and -352) that either side's last fp32 bit breaks its own way (the
-    clamp itself: test_moe_quant's kernel test, on exact inputs)."""
+    clamp itself: test_moe_quant's kernel test, on exact inputs). And the same tokens in small
+    batches bit-identical to them (the driver's small-batch path: test_moe_quant's
+    assert_small_batches_match)."""
     from bessemer.plugins import ops
     from bessemer.quantization.formats import ExpertStack, Fp8E4M3
 
@@ -61,6 +63,7 @@ def test_fp8_expert_kernel_matches_reference(tmp_path, isa, layout, act_group):
     # and far from the same experts without the activation rounding: the test sees the E4M3 step
     plain = ops.ref_moe(x[:, :H], x[:, H:], run.weights, E_KERNEL, K_KERNEL, I, layout, 1 - layout, layout, layout)
     assert np.abs(out - plain).max() > 20 * np.abs(out - ref).max()
+    assert_small_batches_match(run, isa, "moe_fp8")
 
 
 def fake_quantize_fp8(model):

@@ -5,8 +5,8 @@ and its batch invariance.
 The reference decodes the stored bytes itself (E2M1 code c of element 2j in the low nibble of
 byte j, 2j + 1 in the high one, value table[c] * 2^(scale - 127) for each block of 32) and runs
 ops.ref_moe on the values in float64. Codes are random bytes (every E2M1 value, both zeros),
-scales spread over 2^-9..2^-1, and the widths give odd and even block counts (H: 3 blocks,
-I: 2), so the AVX-512 kernel's two accumulators and its odd tail are both exercised; 150
+scales spread over 2^-9..2^-1 (each block through its own scaled table on AVX-512), and the
+widths give odd and even block counts (H: 3 blocks, I: 2); 150
 tokens over 4 experts fill one expert's 64-token chunks several times over (8-token passes and
 their remainders). Tolerance: tests/tolerances.py MOE_RTOL / MOE_ATOL (fp32 products and
 accumulation over H and I terms)."""

@@ -71,6 +71,8 @@ class ExpertKernelRun:
     weights: list  # the stored experts' values (gate_up, down) and the biases, for ops.ref_moe
     dtypes: list  # the stored entries' dtypes
     hidden: int
+    tokens: np.ndarray  # (150,) the embedding rows run
+    path: object  # the engine file
 
 
 def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int, fmt_for, op: str,
@@ -107,7 +109,24 @@ def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int,
     write_rank_file(path, {"rank": 0, "tp_size": 1, "target": "cpu", "isa_baseline": "avx2", "plan": plan}, entries)
     tokens = rng.integers(0, V, 150)
     out = run_flat(load(path, isa=isa)[1], tokens)
-    return ExpertKernelRun(out, floats["emb"][tokens], values + ws[2:], dtypes, H)
+    return ExpertKernelRun(out, floats["emb"][tokens], values + ws[2:], dtypes, H, tokens, path)
+
+
+def assert_small_batches_match(run: ExpertKernelRun, isa: str, what: str) -> None:
+    """A token's output is bit-identical alone and among 2, 5 and 16 tokens (4 to 32 (token,
+    expert) pairs: the driver's small-batch path, the routed experts' rows split over the
+    threads in runs of whole panel groups) as among the 150 of run.out (2 threads, chunks of
+    64 tokens per expert, the whole GEMM threaded): threads split rows, never K, and a row's
+    arithmetic depends on K alone. With 3 threads the runs start and end inside experts (2
+    routed experts of 2I = 176 rows, 3 panel groups each, make 2 groups per thread)."""
+    for threads in (2, 3):
+        _, ex = load(run.path, isa=isa, threads=threads)
+        for r in (0, 1, 63, 64, 149):
+            alone = np.asarray(run_flat(ex, run.tokens[r:r + 1]))
+            assert np.array_equal(alone[0], run.out[r]), f"{what} {isa} {threads} threads: row {r} alone"
+        for n in (2, 5, 16):
+            assert np.array_equal(np.asarray(run_flat(ex, run.tokens[:n])), run.out[:n]), \
+                f"{what} {isa} {threads} threads: {n} tokens"
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -115,8 +134,9 @@ def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int,
 def test_expert_kernel_matches_reference(tmp_path, isa, kind, layout):
     """moe_w8a16 / moe_w4a16 / moe_mxfp4 against ops.ref_moe on the values their stored
     experts stand for (w4a16: on bf16-rounded matmul inputs, as the kernel reads them); 150
-    tokens over 4 experts give each expert more than one 64-token chunk. MXFP4 needs K in
-    blocks of 32, so its expert size is 32."""
+    tokens over 4 experts give each expert more than one 64-token chunk; and the same tokens
+    in small batches bit-identical to them (assert_small_batches_match; MXFP4's:
+    test_moe_mxfp4_kernel.py). MXFP4 needs K in blocks of 32, so its expert size is 32."""
     from bessemer.plugins import ops
 
     # I = 88 as the tiny Mixtral's: down's K is not a multiple of 16 (int4: one group of 88)
@@ -131,6 +151,8 @@ def test_expert_kernel_matches_reference(tmp_path, isa, kind, layout):
                       matmul_input=rounding)
     assert_close(run.out, ref, tol.W4_BF16_RTOL if kind.startswith("w4") else tol.MOE_RTOL,
                  tol.W4_BF16_ATOL if kind.startswith("w4") else tol.MOE_ATOL, op)
+    if kind != "mxfp4":
+        assert_small_batches_match(run, isa, op)
 
 
 def _round_bf16(t):

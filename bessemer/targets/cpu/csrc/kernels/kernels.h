@@ -85,10 +85,11 @@ void linear_w4k_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* c
                             int super_block, int N, int K, const float* bias, float* y, int64_t ldy, int nthreads);
 // moe_mxfp4@1's expert GEMM on AVX-512 (moe_mxfp4_avx512.cpp), one thread: output rows
 // [n0, n1) of y[M, N] = x[M, K] @ W^T (+ bias), W's MXFP4 rows: codes (N, K/2), E8M0 scales
-// (N, K/32), scale_of[s] = 2^(s - 127); each 32-column block of x holds its even columns then
-// its odd ones (moe_mxfp4.cpp).
-void moe_mxfp4_rows_avx512(const uint8_t* codes, const uint8_t* scales, const float* scale_of, int64_t n0, int64_t n1,
-                           int K, const float* x, int64_t ldx, int M, const float* bias, float* y, int64_t ldy);
+// (N, K/32), scaled_e2m1[16 s + c] = E2M1 value of code c times 2^(s - 127); each 32-column
+// block of x holds its even columns then its odd ones (moe_mxfp4.cpp).
+void moe_mxfp4_rows_avx512(const uint8_t* codes, const uint8_t* scales, const float* scaled_e2m1, int64_t n0,
+                           int64_t n1, int K, const float* x, int64_t ldx, int M, const float* bias, float* y,
+                           int64_t ldy);
 // panel16_int4_k8 codes of an [N, K] matrix (K a multiple of 8) re-laid as panel16_int4
 // into out (ceil(N/16) * K * 8 bytes): for the kernels that read only panel16_int4.
 void repack_int4_k8_to_panel16(const uint8_t* k8, int N, int K, uint8_t* out);

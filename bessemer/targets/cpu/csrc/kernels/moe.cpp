@@ -114,6 +114,13 @@ void matmul_f32(const KernelCall& c, ExpertMatrix which, int e, const float* x, 
     }
 }
 
+// The row, in the active experts' rows laid end to end, where granule u of them starts (an
+// expert's last granule may be short: N not a multiple of g).
+inline int64_t cut_rows(int64_t u, int64_t N, int64_t g) {
+    const int64_t per = (N + g - 1) / g;
+    return u / per * N + std::min(u % per * g, N);
+}
+
 // act rows [m0, m1) from gate_up rows: silu(gate) * up or gpt-oss's clamped swiglu.
 void activate(const MoeParams& P, const float* gu, float* act, int m0, int m1) {
     const int I = P.I;
@@ -128,12 +135,15 @@ void activate(const MoeParams& P, const float* gu, float* act, int m0, int m1) {
 }
 
 // This thread's share of the active experts' output rows of `which`, taken together: the
-// experts' rows laid end to end and cut into nt contiguous parts; expert e reads its sorted
-// pairs' rows [start[e], start[e + 1]) of x and writes the same rows of y.
+// experts' rows laid end to end and cut into nt contiguous parts at multiples of the kernel's
+// row granule (N is a multiple of it, or the granule is cut short at each expert's end);
+// expert e reads its sorted pairs' rows [start[e], start[e + 1]) of x and writes the same
+// rows of y.
 void rows_share(const KernelCall& c, const ExpertKernel& kernel, ExpertMatrix which, int64_t N, const int* active,
                 int count, const int32_t* start, const float* x, int64_t ldx, const float* bias, int64_t bias_ld,
                 float* y, int64_t ldy, int tid, int nt) {
-    const int64_t total = count * N, lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    const int64_t g = kernel.row_granule, units = count * ((N + g - 1) / g);
+    const int64_t lo = cut_rows(units * tid / nt, N, g), hi = cut_rows(units * (tid + 1) / nt, N, g);
     for (int a = 0; a < count; ++a) {
         const int64_t n0 = std::max<int64_t>(lo - a * N, 0), n1 = std::min<int64_t>(hi - a * N, N);
         if (n0 >= n1) continue;

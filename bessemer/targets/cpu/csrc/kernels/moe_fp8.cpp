@@ -2,7 +2,9 @@
 // weights, one (N, K) matrix per expert stacked as (E*N, K) rows (gate_up N = 2I, down
 // N = H; quantization/formats.py ExpertStack of Fp8E4M3). N is a multiple of 16, so expert
 // e's panels are the contiguous e-th slice of the codes and every expert's GEMM is the dense
-// fp8 kernel's own (linear_fp8.cpp AVX2, linear_fp8_avx512.cpp AVX-512 BF16) on it.
+// fp8 kernel's own (linear_fp8.cpp AVX2, linear_fp8_avx512.cpp AVX-512 BF16) on it, or in a
+// small batch on runs of whole panel groups of the routed experts, one thread each (as
+// moe_quant.cpp).
 //
 //   weights [gate_up codes float8_e4m3 panel16 (E*2I, H), scales f32 (E*2I), down codes
 //           (E*H, I), scales (E*H)] [gate_up_bias, down_bias]
@@ -27,16 +29,31 @@ struct MoeFp8Params : MoeParams {
     int act_group = 0;
 };
 
-void matmul_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-                const float* bias, float* y, int64_t ldy, int nthreads) {
+// Stored rows [r0, r0 + N) of `which` (r0 a multiple of 16: whole panels) times x, as the dense
+// kernel computes them: y (M, N) = x (M, K) @ W[r0:r0 + N]^T (+ bias, already offset). The
+// activation scales are functions of x's rows alone, so a slice's are the whole matrix's.
+void slice_fp8(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, const float* x, int64_t ldx, int M,
+               const float* bias, float* y, int64_t ldy, int nthreads) {
     const MoeFp8Params& P = c.get<MoeFp8Params>();
-    const int64_t N = expert_rows(P, which), K = expert_k(P, which);
-    const auto* q = static_cast<const uint8_t*>(c.weights[2 * which]->data) + e * N * K;
-    const auto* s = static_cast<const float*>(c.weights[2 * which + 1]->data) + e * N;
+    const int64_t K = expert_k(P, which);
+    const auto* q = static_cast<const uint8_t*>(c.weights[2 * which]->data) + r0 * K;
+    const auto* s = static_cast<const float*>(c.weights[2 * which + 1]->data) + r0;
     if (P.bf16_kernel)
         linear_fp8_avx512(x, ldx, M, q, s, 1.0f, true, P.act_group, int(N), int(K), bias, y, ldy, nthreads);
     else
         linear_fp8_avx2(x, ldx, M, q, s, 1.0f, true, P.act_group, int(N), int(K), bias, y, ldy, nthreads);
+}
+
+void matmul_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                const float* bias, float* y, int64_t ldy, int nthreads) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_fp8(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
+}
+
+void rows_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
+              float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_fp8(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
 }
 
 }  // namespace
@@ -51,7 +68,7 @@ void prepare_moe_fp8(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_fp8(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeFp8Params>(), {matmul_fp8});
+    run_moe_grouped(c, ctx, c.get<MoeFp8Params>(), {matmul_fp8, rows_fp8, nullptr, kPanelGroupRows});
 }
 
 }  // namespace bessemer

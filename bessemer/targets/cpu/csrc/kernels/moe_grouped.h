@@ -49,11 +49,12 @@ using ExpertMatmul = void (*)(const KernelCall& c, ExpertMatrix which, int e, co
 // optional two biases (2 for fp32, 4 for int8 / mxfp4 codes + scales, ...).
 void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int matrix_weights);
 
-// Optional: output rows [n0, n1) of the same product on the calling thread. A kernel that has
-// it gets the small-batch path: when a step's (token, expert) pairs fit one chunk (decode:
-// top_k experts per token), all active experts' gate_up rows, then their down rows, are split
-// over the threads together in one parallel region (two barriers, not two fork-joins per
-// expert). Each output row is computed as by ExpertMatmul, so results do not change.
+// Optional: output rows [n0, n1) of the same product on the calling thread (n0 and n1
+// multiples of ExpertKernel::row_granule). A kernel that has it gets the small-batch path:
+// when a step's (token, expert) pairs fit one chunk (decode: top_k experts per token), all
+// active experts' gate_up rows, then their down rows, are split over the threads together in
+// one parallel region (two barriers, not two fork-joins per expert). Each output row is
+// computed as by ExpertMatmul, so results do not change.
 using ExpertRows = void (*)(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
                             const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1);
 
@@ -66,7 +67,14 @@ struct ExpertKernel {
     ExpertMatmul matmul;
     ExpertRows rows = nullptr;
     ExpertInputOrder input_order = nullptr;
+    // The threads' shares of rows are cut only at multiples of this: panel kernels (whose
+    // experts are whole panels, expect_panel_rows) take rows in whole panel groups.
+    int row_granule = 1;
 };
+
+// Rows (a multiple of 16, from 0) of every per-expert kernel that runs a dense linear kernel
+// on a slice of an expert's panels: 4 panels, the dense GEMV's widest microkernel.
+constexpr int kPanelGroupRows = 64;
 
 void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel);
 

@@ -10,8 +10,9 @@
 // the output rows, never K (rows_mxfp4 gives the driver any row range, so a decode step
 // splits all its routed experts' rows over the threads at once), and a row's order of
 // operations depends only on K (batch invariance):
-//   AVX-512 (moe_mxfp4_avx512.cpp): vpermps through the E2M1 table, x's blocks stored
-//     even columns then odd ones (split_block_pairs) so that no weights are re-ordered;
+//   AVX-512 (moe_mxfp4_avx512.cpp): vpermps through the block's E2M1 table times its
+//     scale (scaled_e2m1), x's blocks stored even columns then odd ones (split_block_pairs)
+//     so that no weights are re-ordered;
 //   AVX2 (here, the fallback): the 32 codes go through a byte shuffle into 2 * E2M1
 //     (integers -12..12), widened to fp32 and multiplied by the scale / 2 (exact: powers of
 //     two), then one FMA per token and 8 weights.
@@ -32,7 +33,9 @@ constexpr int kTokens = 4;  // tokens per pass over a row's blocks (accumulators
 
 struct MoeMxfp4Params : MoeParams {
     Isa isa = Isa::AVX2;
-    float scale_of[256];       // E8M0 byte -> 2^(byte - 127)
+    // AVX-512: [16 s + c] = the E2M1 value of code c times 2^(s - 127) (exact: a power of two
+    // times a 2-bit mantissa), the table one block of scale byte s decodes through
+    alignas(64) float scaled_e2m1[256 * 16];
     float half_scale_of[256];  // 2^(byte - 127) / 2: the AVX2 kernel's doubled codes
 };
 
@@ -79,7 +82,7 @@ void rows_mxfp4(const KernelCall& c, ExpertMatrix which, int e, const float* x, 
     const auto* codes = static_cast<const uint8_t*>(c.weights[2 * which]->data) + e * N * (K / 2);
     const auto* scales = static_cast<const uint8_t*>(c.weights[2 * which + 1]->data) + e * N * blocks;
     if (P.isa == Isa::AVX512) {
-        moe_mxfp4_rows_avx512(codes, scales, P.scale_of, n0, n1, int(K), x, ldx, M, bias, y, ldy);
+        moe_mxfp4_rows_avx512(codes, scales, P.scaled_e2m1, n0, n1, int(K), x, ldx, M, bias, y, ldy);
         return;
     }
     for (int64_t n = n0; n < n1; ++n) {
@@ -137,8 +140,10 @@ void prepare_moe_mxfp4(KernelCall& c, const PlanInfo& p) {
     expect_weight(c, 1, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * I2, H / 32});
     expect_weight(c, 2, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * H, I / 2});
     expect_weight(c, 3, {DT_U8}, {LAYOUT_ROW_MAJOR}, {L * H, I / 32});
+    const float e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,  //
+                            -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     for (int s = 0; s < 256; ++s) {
-        P.scale_of[s] = std::ldexp(1.0f, s - 127);
+        for (int code = 0; code < 16; ++code) P.scaled_e2m1[16 * s + code] = std::ldexp(e2m1[code], s - 127);
         P.half_scale_of[s] = std::ldexp(0.5f, s - 127);
     }
     P.isa = p.isa;

@@ -2,7 +2,11 @@
 // like the dense quantized linears, one (N, K) matrix per expert stacked as (E*N, K) rows
 // (gate_up N = 2I, down N = H; quantization/formats.py ExpertStack). N is a multiple of 16,
 // so expert e's panels are the contiguous e-th slice of each stored part and every expert's
-// GEMM is the dense kernels' own (linear_quant*.cpp, linear_w4_bf16_avx512.cpp) on it.
+// GEMM is the dense kernels' own (linear_quant*.cpp, linear_w4_bf16_avx512.cpp) on it. In a
+// small batch (decode) the driver hands each thread a run of whole panel groups of the routed
+// experts' rows, and the dense kernel computes them on that thread: the same arithmetic per
+// row as the whole GEMM (the dense kernels split rows over threads, never K), in one parallel
+// region per step instead of two fork-joins per expert.
 //
 //   w8: weights [gate_up codes int8 panel16 (E*2I, H), scales f32 (E*2I), down codes (E*H, I),
 //       scales (E*H)] [gate_up_bias, down_bias]
@@ -26,16 +30,30 @@ struct MoeW8Params : MoeParams {
     Isa isa = Isa::AVX2;
 };
 
-void matmul_w8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-               const float* bias, float* y, int64_t ldy, int nthreads) {
+// Stored rows [r0, r0 + N) of `which` (r0 a multiple of 16: whole panels) times x, as the dense
+// kernel computes them: y (M, N) = x (M, K) @ W[r0:r0 + N]^T (+ bias, already offset).
+void slice_w8(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, const float* x, int64_t ldx, int M,
+              const float* bias, float* y, int64_t ldy, int nthreads) {
     const MoeW8Params& P = c.get<MoeW8Params>();
-    const int64_t N = expert_rows(P, which), K = expert_k(P, which);
-    const auto* q = static_cast<const int8_t*>(c.weights[2 * which]->data) + e * N * K;
-    const auto* s = static_cast<const float*>(c.weights[2 * which + 1]->data) + e * N;
+    const int64_t K = expert_k(P, which);
+    const auto* q = static_cast<const int8_t*>(c.weights[2 * which]->data) + r0 * K;
+    const auto* s = static_cast<const float*>(c.weights[2 * which + 1]->data) + r0;
     if (P.isa == Isa::AVX512)
         linear_w8_avx512(x, ldx, M, q, s, int(N), int(K), bias, y, ldy, nthreads);
     else
         linear_w8_avx2(x, ldx, M, q, s, int(N), int(K), bias, y, ldy, nthreads);
+}
+
+void matmul_w8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+               const float* bias, float* y, int64_t ldy, int nthreads) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_w8(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
+}
+
+void rows_w8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
+             float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_w8(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
 }
 
 // ---------------------------------------------------------------- int4
@@ -98,12 +116,14 @@ void prepare_w4_matrix(KernelCall& c, const PlanInfo& p, MoeW4Params& P, ExpertM
     }
 }
 
-void matmul_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-               const float* bias, float* y, int64_t ldy, int nthreads) {
+// Stored rows [r0, r0 + N) of `which` (r0 a multiple of 16: whole panels) times x, as the dense
+// kernels compute them: y (M, N) = x (M, K) @ W[r0:r0 + N]^T (+ bias, already offset).
+void slice_w4(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, const float* x, int64_t ldx, int M,
+              const float* bias, float* y, int64_t ldy, int nthreads) {
     const MoeW4Params& P = c.get<MoeW4Params>();
     const W4Matrix& w = P.m[which];
-    const int64_t N = expert_rows(P, which), K = expert_k(P, which);
-    const int64_t code_bytes = e * N * K / 2, params = e * N * (K / w.G);  // expert e's slice
+    const int64_t K = expert_k(P, which);
+    const int64_t code_bytes = r0 * K / 2, params = r0 * (K / w.G);  // the slice's panels
     if (P.bf16_kernel) {
         const auto* s = static_cast<const uint16_t*>(w.scales) + params;
         const auto* o = w.offsets ? static_cast<const uint16_t*>(w.offsets) + params : nullptr;
@@ -120,6 +140,18 @@ void matmul_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, i
         linear_w4_avx2(x, ldx, M, codes, s, o, w.G, int(N), int(K), bias, y, ldy, nthreads, true);
 }
 
+void matmul_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+               const float* bias, float* y, int64_t ldy, int nthreads) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_w4(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
+}
+
+void rows_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
+             float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice_w4(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
+}
+
 }  // namespace
 
 void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
@@ -131,7 +163,7 @@ void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w8a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), {matmul_w8});
+    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), {matmul_w8, rows_w8, nullptr, kPanelGroupRows});
 }
 
 void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
@@ -146,7 +178,7 @@ void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w4a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), {matmul_w4});
+    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), {matmul_w4, rows_w4, nullptr, kPanelGroupRows});
 }
 
 }  // namespace bessemer
