@@ -18,7 +18,6 @@ disconnects.
 import asyncio
 import dataclasses
 import hmac
-import json
 import time
 import uuid
 
@@ -26,6 +25,7 @@ from bessemer.errors import BessemerError
 from bessemer.runtime.async_llm import (AsyncLLM, EngineClosedError, EngineFailedError, RequestStream,
                                         SequenceFailedError)
 from bessemer.serving import protocol as P
+from bessemer.serving import sse as S
 from bessemer.serving import tool_parsers
 from bessemer.serving import utility_routes
 from bessemer.serving.body import read_json
@@ -151,9 +151,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             for ids in prompts:
                 P.check_context(len(ids), max_tokens, engine.llm.max_seq_len)
 
-    def head(rid: str, obj: str, choices: list, **extra) -> dict:
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                "choices": choices, **extra}
+    def head(rid: str, obj: str, choices: list, created: int | None = None, **extra) -> dict:
+        return {"id": rid, "object": obj, "created": int(time.time()) if created is None else created,
+                "model": model_name, "choices": choices, **extra}
 
     def finish(choice: dict, finish_reason: str | None, error: str | None) -> dict:
         """A choice's end: a constraint that failed ends it with finish_reason "error" and
@@ -202,21 +202,32 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             return [e if e is not None else {ids[0]: None} for e in prompt_logprobs]
 
         if req.stream:
+            created = int(time.time())  # one for every chunk of the stream, as OpenAI's
+
+            def chunk(choices: list, **extra) -> dict:
+                return head(rid, "text_completion", choices, created, **extra)
+
+            text_event = S.TextEvents(lambda i, text: chunk([{"index": i, "text": text, "logprobs": None,
+                                                               "finish_reason": None}]))
+
             async def chunks():
                 offsets: dict[int, int] = {}  # text_offset continues across chunks
                 if req.echo:  # the prompt first, as its own chunk per choice
                     for i in range(len(prompts) * params.n):
                         text, _ = echoed(i)
                         offsets[i] = len(text)
-                        yield head(rid, "text_completion", [{"index": i, "text": text, "logprobs": None,
-                                                             "finish_reason": None}]), 0
+                        yield text_event(i, text), 0
                 async for i, d in events(streams, params.n, metrics):
+                    if not d.logprobs and d.finish_reason is None:  # most tokens: text only
+                        offsets[i] = offsets.get(i, 0) + len(d.text)
+                        yield text_event(i, d.text), len(d.token_ids)
+                        continue
                     lp = logprobs(d.logprobs, d.token_ids, offsets.get(i, 0)) if d.logprobs else None
                     offsets[i] = offsets.get(i, 0) + len(d.text)
                     choice = {"index": i, "text": d.text, "logprobs": lp}
-                    yield head(rid, "text_completion", [finish(choice, d.finish_reason, d.error)]), len(d.token_ids)
+                    yield S.event(chunk([finish(choice, d.finish_reason, d.error)])), len(d.token_ids)
 
-            return sse(chunks(), lambda u: head(rid, "text_completion", [], usage=u), num_prompt, req.include_usage)
+            return sse(chunks(), lambda u: chunk([], usage=u), num_prompt, req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
         choices = []
@@ -276,13 +287,24 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             return {"role": "assistant", "content": text}, False
 
         if req.stream:
+            created = int(time.time())  # one for every chunk of the stream, as OpenAI's
+
+            def chunk_of(choices: list, **extra) -> dict:
+                return head(rid, chunk, choices, created, **extra)
+
+            content_event = S.TextEvents(lambda i, text: chunk_of([{"index": i, "delta": {"content": text},
+                                                                    "logprobs": None, "finish_reason": None}]))
+
             async def chunks():
                 # OpenAI sends the role first, in a chunk of its own
-                yield head(rid, chunk, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None} for i in range(params.n)]), 0
+                yield S.event(chunk_of([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None} for i in range(params.n)])), 0
                 parsers = {i: tool_parsers.CallStream(call_format, max_calls) for i in range(params.n)} \
                     if parse_calls else {}
                 async for i, d in events(streams, params.n, metrics):
+                    if d.text and not parse_calls and not d.logprobs and d.finish_reason is None:  # most tokens
+                        yield content_event(i, d.text), len(d.token_ids)
+                        continue
                     delta, reason = {"content": d.text} if d.text else {}, d.finish_reason
                     if parse_calls:  # content as it comes, calls a name and argument fragments at a time
                         delta = parsers[i].feed(d.text, final=d.finish_reason is not None).delta()
@@ -290,9 +312,9 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                             reason = "tool_calls"
                     choice = {"index": i, "delta": delta,
                               "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None}
-                    yield head(rid, chunk, [finish(choice, reason, d.error)]), len(d.token_ids)
+                    yield S.event(chunk_of([finish(choice, reason, d.error)])), len(d.token_ids)
 
-            return sse(chunks(), lambda u: head(rid, chunk, [], usage=u), len(prompt), req.include_usage)
+            return sse(chunks(), lambda u: chunk_of([], usage=u), len(prompt), req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
         choices = []
@@ -306,24 +328,24 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens), **extra)
 
     def sse(chunks, usage_chunk, num_prompt_tokens: int, include_usage: bool):
-        """`chunks` yields (chunk, new token count); closing it (client gone) aborts."""
+        """`chunks` yields (the event's bytes, new token count); closing it (client gone) aborts."""
         async def body():
             num_output = 0
             try:
-                async for chunk, num_tokens in chunks:
+                async for event, num_tokens in chunks:
                     num_output += num_tokens
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                    yield event
             except EngineClosedError:  # headers are out: report it the way OpenAI streams errors
-                yield f"data: {json.dumps(_shutting_down().body())}\n\n"
+                yield S.event(_shutting_down().body())
                 return
             except SequenceFailedError as e:  # this request's own failure; the others go on
-                yield f"data: {json.dumps(P.error_body(str(e), 'server_error'))}\n\n"
+                yield S.event(P.error_body(str(e), 'server_error'))
                 return
             finally:
                 await chunks.aclose()
             if include_usage:
-                yield f"data: {json.dumps(usage_chunk(P.usage(num_prompt_tokens, num_output)))}\n\n"
-            yield "data: [DONE]\n\n"
+                yield S.event(usage_chunk(P.usage(num_prompt_tokens, num_output)))
+            yield S.DONE
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -91,8 +91,8 @@ class ServerMetrics:
         self.itl = hist("inter_token_latency_seconds", "Time between consecutive deltas of a sequence.",
                         TOKEN_LATENCY_BUCKETS)
         # vLLM's name before v0.11 for the same observations; older dashboards read it
-        self.tpot = hist("time_per_output_token_seconds", "Time between consecutive deltas of a sequence "
-                         "(the older name of inter_token_latency_seconds).", TOKEN_LATENCY_BUCKETS)
+        self.tpot = self.itl.alias(self.prefix + "time_per_output_token_seconds", "Time between consecutive "
+                                   "deltas of a sequence (the older name of inter_token_latency_seconds).")
         self.e2e = hist("e2e_request_latency_seconds", "Time from request arrival to its last token.",
                         REQUEST_LATENCY_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Time from request arrival until first scheduled.",
@@ -142,8 +142,7 @@ class ServerMetrics:
                 self.ttft.observe(delta.time - delta.arrival_time)
                 r.first_token_time = min(r.first_token_time or delta.time, delta.time)
             else:
-                self.itl.observe(delta.time - previous)
-                self.tpot.observe(delta.time - previous)
+                self.itl.observe(delta.time - previous)  # tpot too: its alias
             r.token_times[delta.index] = delta.time
         if delta.finish_reason is not None:
             r.reasons.append(delta.finish_reason)

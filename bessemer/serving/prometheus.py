@@ -46,15 +46,31 @@ class Histogram:
             self._counts[bisect.bisect_left(self.buckets, value)] += 1  # bucket bounds are inclusive (le)
             self._sum += value
 
-    def render(self, labels: dict[str, str]) -> list[str]:
+    def alias(self, name: str, help: str) -> HistogramAlias:
+        """These observations under another name too, observed once (one lock per observation)."""
+        return HistogramAlias(self, name, help)
+
+    def render(self, labels: dict[str, str], name: str | None = None, help: str | None = None) -> list[str]:
+        name, help = name or self.name, help or self.help
         with self._lock:
             counts, total_sum = list(self._counts), self._sum
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        lines = [f"# HELP {name} {help}", f"# TYPE {name} histogram"]
         total = 0
         for bound, count in zip(self.buckets + (float("inf"),), counts):
             total += count
             le = "+Inf" if bound == float("inf") else repr(float(bound))
-            lines.append(f"{self.name}_bucket{labels_text({**labels, 'le': le})} {total}")
-        lines += [f"{self.name}_sum{labels_text(labels)} {total_sum!r}",
-                  f"{self.name}_count{labels_text(labels)} {total}"]
+            lines.append(f"{name}_bucket{labels_text({**labels, 'le': le})} {total}")
+        lines += [f"{name}_sum{labels_text(labels)} {total_sum!r}",
+                  f"{name}_count{labels_text(labels)} {total}"]
         return lines
+
+
+class HistogramAlias:
+    """A histogram's series under a second name (a metric's older name that dashboards still
+    read): rendered from the same counts, never observed itself."""
+
+    def __init__(self, of: Histogram, name: str, help: str):
+        self.of, self.name, self.help = of, name, help
+
+    def render(self, labels: dict[str, str]) -> list[str]:
+        return self.of.render(labels, self.name, self.help)

@@ -18,6 +18,33 @@ from bessemer.serving.metrics import ServerMetrics
 
 async def events(streams: list[RequestStream], n: int, metrics: ServerMetrics) -> AsyncIterator[tuple[int, Delta]]:
     """Yields (choice index, delta). Raises EngineClosedError when the server shuts down."""
+    merged = _merged(streams) if len(streams) > 1 else None
+    try:
+        if merged is None:  # one prompt (with its n samples): read directly, no task or queue hop per token
+            stream = streams[0]
+            async for item in stream:
+                yield _checked(stream, item, metrics).index, item
+        else:
+            async for p, item in merged:
+                yield p * n + _checked(streams[p], item, metrics).index, item
+    finally:
+        if merged is not None:
+            await merged.aclose()  # its pump tasks end now, not when the generator is collected
+        for s in streams:
+            if not s.finished:
+                metrics.aborted(s)
+                s.abort()
+
+
+def _checked(stream: RequestStream, item: Delta, metrics: ServerMetrics) -> Delta:
+    metrics.observe(stream, item)
+    if item.finish_reason == "abort":  # only close() sends these: the server is stopping
+        raise EngineClosedError("the server is shutting down")
+    return item
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Delta]]:
+    """(prompt index, delta) of several streams in arrival order; a stream's error is raised."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(p: int, stream: RequestStream) -> None:
@@ -39,17 +66,10 @@ async def events(streams: list[RequestStream], n: int, metrics: ServerMetrics) -
                 continue
             if isinstance(item, Exception):
                 raise item
-            metrics.observe(streams[p], item)
-            if item.finish_reason == "abort":  # only close() sends these: the server is stopping
-                raise EngineClosedError("the server is shutting down")
-            yield p * n + item.index, item
+            yield p, item
     finally:
         for t in tasks:
             t.cancel()
-        for s in streams:
-            if not s.finished:
-                metrics.aborted(s)
-                s.abort()
 
 
 @dataclass
