@@ -216,8 +216,8 @@ CALIBRATED = [("w4a16-awq", dict(group_size=32)), ("w4a16-gptq", dict(group_size
 # quantized linears per family besides qkv, o, gate_up, down of its 2 layers (MoE: routers
 # stay fp32; Qwen2-MoE's shared expert and its gate are linears)
 CALIBRATED_LINEARS = {"mixtral": 2 * 2, "qwen2-moe": 2 * 5, "qwen3-moe": 2 + 4}
-# ... plus the experts' gate_up and down per moe layer: GPTQ per expert in w4a16-gptq, RTN in
-# w4a16-awq (AWQ calibrates linears only), E4M3 in fp8 (per-token activation scales); w8a8-sq
+# ... plus the experts' gate_up and down per moe layer: GPTQ per expert in w4a16-gptq, AWQ per
+# expert in w4a16-awq, E4M3 in fp8 (per-token activation scales); w8a8-sq
 # has no expert kernel: experts stay fp32
 EXPERT_WEIGHTS = {"mixtral": 2 * 2, "qwen2-moe": 2 * 2, "qwen3-moe": 2}
 

@@ -307,20 +307,25 @@ def test_mxfp4_experts_requantized_by_quant(tiny_checkpoint, tmp_path):
 
 
 def test_expert_notes_say_how_experts_are_stored(tiny_checkpoint):
-    """AWQ scales each expert's down (gate/up RTN), GPTQ calibrates each expert, modes without
-    an expert kernel keep them fp32, and the build log says so (never silently)."""
+    """AWQ searches each expert's grids and scales its down (gpt-oss: no down scales; with
+    --zero-point RTN grids), GPTQ calibrates each expert, modes without an expert kernel keep
+    them fp32, and the build log says so (never silently)."""
     from bessemer.builder.passes.quantize import expert_notes
     from bessemer.builder.pipeline import run_passes
 
     graph, _ = model_graph(tiny_checkpoint("mixtral"))
     awq = BuildConfig(quant=QuantConfig("w4a16-awq", calib_data="unused.txt", group_size=32))
+    searched = ("gate/up and down grids searched per expert for their output error on the calibration tokens routed "
+                "to it")
+    fallback = "RTN for an expert fewer than 16 calibration tokens reach"
     assert expert_notes(run_passes(graph, awq)[0], awq) == [
-        "experts: AWQ per expert for down (scales from the calibration tokens routed to it, folded into its up rows; "
-        "RTN for an expert fewer than 16 reach); gate/up RTN (their input is shared by every expert and the router: "
-        "no per-expert fold)"]
+        f"experts: AWQ: {searched}; down scaled per expert from those tokens (folded into its up rows); {fallback}"]
     oss, _ = model_graph(tiny_checkpoint("gpt-oss"))
-    assert expert_notes(run_passes(oss, awq)[0], awq) == [
-        "experts: RTN (awq calibrates linears only: gpt-oss's clamped activation takes no exact per-expert fold)"]
+    no_fold = "no down scales (gpt-oss's clamped activation takes no exact per-expert fold)"
+    assert expert_notes(run_passes(oss, awq)[0], awq) == [f"experts: AWQ: {searched}; {no_fold}; {fallback}"]
+    awq_zp = BuildConfig(quant=QuantConfig("w4a16-awq", calib_data="unused.txt", group_size=32, zero_point=True))
+    assert expert_notes(run_passes(oss, awq_zp)[0], awq_zp) == [
+        f"experts: AWQ: grids RTN (--zero-point's min/max grid has no scale search); {no_fold}; {fallback}"]
     gptq = BuildConfig(quant=QuantConfig("w4a16-gptq", calib_data="unused.txt", group_size=32))
     assert expert_notes(run_passes(graph, gptq)[0], gptq) == [
         "experts: GPTQ per expert from the calibration tokens routed to it (RTN for an expert fewer than 16 reach)"]

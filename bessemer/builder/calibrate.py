@@ -30,8 +30,9 @@ class CalibrationResult:
     multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
     backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
-    # w4a16-gptq: a moe weight's first HF tensor -> its layer's calibration rows and which
-    # matrix it is ("gate_up" | "down"), for GPTQ per expert (quantization/expert_calibration.py)
+    # w4a16-gptq, w4a16-awq: a moe weight's first HF tensor -> its layer's calibration rows and
+    # which matrix it is ("gate_up" | "down"), for GPTQ per expert or the grid searched
+    # per expert for its output error (quantization/expert_calibration.py)
     experts: dict = field(default_factory=dict)
 
     def for_weight(self, parts: tuple[str, ...], fmt: StoredFormat, slices: tuple = (),
@@ -39,14 +40,16 @@ class CalibrationResult:
         """What `fmt` uses of the calibration for the weight made of HF tensors `parts`:
         the input's Hessian when GPTQ chooses its codes (cached statistics may hold
         Hessians a build does not use: an int8 lm_head is round to nearest), its max |x|
-        (fp8's static input scale), SmoothQuant's kernel 1/s; for experts stored 4-bit by
-        w4a16-gptq, each expert's Hessian from the tokens routed to it. slices: the
-        weight's tensor-parallel blocks (a rank's whole stacked experts start at
-        slices[0][0]); read(name, sl): the checkpoint tensors the experts' inputs need."""
-        if parts[0] in self.experts and isinstance(fmt, ExpertStack) and fmt.inner.gptq_codes and self.gptq:
+        (fp8's static input scale), SmoothQuant's kernel 1/s; for experts stored 4-bit,
+        each expert's Hessian (w4a16-gptq) or input rows (w4a16-awq) from the tokens
+        routed to it. slices: the weight's tensor-parallel blocks (a rank's whole stacked
+        experts start at slices[0][0]); read(name, sl): the checkpoint tensors the experts'
+        inputs need, as the build transforms them (AWQ's down reads act(gate, up) / s)."""
+        if parts[0] in self.experts and isinstance(fmt, ExpertStack) and isinstance(fmt.inner, Int4Group):
             inputs, matrix = self.experts[parts[0]]
             first = slices[0][0] if fmt.input_major and slices else 0
-            return WeightCalibration(experts=ExpertCalibration(inputs, matrix, read, first, self.act_order))
+            algorithm = "gptq" if self.gptq else "awq"
+            return WeightCalibration(experts=ExpertCalibration(inputs, matrix, read, first, self.act_order, algorithm))
         key = self.weight_keys.get(parts[0])
         stats = self.stats.get(key, {}) if key else {}
         return WeightCalibration(
@@ -69,10 +72,10 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
-    # experts stored as 4-bit groups are calibrated per expert by GPTQ, and AWQ where its scale
-    # folds exactly (awq_folds_exactly): every row of their layer's input is kept
+    # experts stored as 4-bit groups are calibrated per expert: every row of their layer's
+    # input is kept (GPTQ; AWQ where it searches their grids or its down's scale folds exactly)
     moe = [m for m in moe if isinstance(expert_format(quant, ckpt.shape(m.router)[1]), Int4Group)
-           and (quant.algorithm == "gptq" or (quant.algorithm == "awq" and awq_folds_exactly(m)))]
+           and (quant.algorithm == "gptq" or (quant.algorithm == "awq" and _awq_calibrates(m, quant)))]
     # only GPTQ (int4, or fp8 codes rounded by GPTQ) and the mixed-precision sensitivity need
     # the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
     stats = collect(ckpt.dir, spec, [g.key for g in groups], say,
@@ -83,7 +86,7 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
     inputs = {m.node: ExpertInputs(m, stats[m.input_key]["inputs"]) for m in moe}
-    if quant.algorithm == "gptq":
+    if quant.algorithm == "gptq" or not quant.zero_point:  # GPTQ, or AWQ's grids searched for their output error
         for m in moe:
             result.experts.update({m.gate_up[0]: (inputs[m.node], "gate_up"), m.down[0]: (inputs[m.node], "down")})
     if quant.mode == "fp8" and quant.fp8_smoothing_alpha is not None:
@@ -93,11 +96,19 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
         result.transforms, per_group = awq_transforms(ckpt.get, groups, stats,
                                                       quant.group_size, quant.zero_point, say)
         result.report.update(awq_search_s=round(time.perf_counter() - t, 2), awq=per_group)
-        if moe:
+        down_scaled = {node: i for node, i in inputs.items() if awq_folds_exactly(i.layer)}
+        if down_scaled:
             t = time.perf_counter()
-            result.report["awq_experts"] = _awq_experts(ckpt, inputs, quant, result, say)
+            result.report["awq_experts"] = _awq_experts(ckpt, down_scaled, quant, result, say)
             result.report["awq_experts_s"] = round(time.perf_counter() - t, 2)
     return result
+
+
+def _awq_calibrates(layer: MoeLayer, quant) -> bool:
+    """Whether w4a16-awq calibrates the layer's experts: the symmetric grid searched for each
+    expert's output error (--zero-point's min/max grid has no search), or the down's scales
+    where they fold exactly."""
+    return not quant.zero_point or awq_folds_exactly(layer)
 
 
 def _awq_experts(ckpt, inputs: dict, quant, result: CalibrationResult, say) -> dict:

@@ -1,6 +1,7 @@
 """Per-expert calibration of a mixture of experts: what each expert's matrices read on the
 calibration tokens the router sends to it, for GPTQ (the Hessian sum x^T x of each expert)
-and AWQ (the scales of each expert's down, awq_down_scales).
+and AWQ (the scales of each expert's down, awq_down_scales, and the rows each expert's grid
+is searched on).
 
 Calibration (calibration.collect, keep_rows) keeps every row of a moe layer's input x
 (T, H) in a file beside its cached statistics; nothing per expert is held for the whole
@@ -13,7 +14,40 @@ and, one expert at a time:
                          through expert e's own fp32 weights (as GPTQ of a dense
                          down_proj reads the fp32 model's activations)
 
-so memory holds one expert's (K, K) Hessian at a time, not 2 x E x layers of them.
+so memory holds one expert's (K, K) Hessian (or its rows) at a time, not 2 x E x layers of them.
+
+w4a16-awq and the experts' gate/up. Every expert's gate/up reads the layer's normed input,
+which the router (and Qwen2-MoE's shared expert and its gate) read too, so a per-input-channel
+scale of one expert has nowhere to fold: the format would need a per-expert 1/s applied to
+the input in the kernel (AutoAWQ tried such a block; it needs the inference code changed).
+The one exact fold is a single s for the layer into the norm's weight, with every expert's
+gate/up, the router's and the shared expert's columns times s (AutoAWQ's Mixtral recipe, to
+which llm-compressor added the router). That router is equal only up to rounding (W diag(s)
+(x / s) is not W x in floating point: a near tie in the top-k flips), and one s serves all
+the experts, whose salient channels differ. Measured on the Qwen3-30B-A3B widths (random
+weights, norms 1, layer 0, 4-bit g32; the error of each expert's gate_up output on the tokens
+routed to it vs RTN's): that shared scale, searched on every expert's routed tokens, 0.998
+on held-out tokens (median over the 102 experts with 16 or more of 2048 calibration tokens;
+0.96-1.05). So -awq keeps every fold as it is and chooses each expert's grid from its routed
+tokens instead: each group's scale is searched for that group's share of the expert's output
+error on them, (w - q)^T X_g^T X_g (w - q) (scale_search.int4_symmetric_scales_for_inputs;
+the format stores the same one bf16 scale per group as RTN). The diagonal of X_g^T X_g alone
+(mean x^2 per channel, llama.cpp's imatrix weighting) did nothing on these inputs, whose
+channels share a large mean: 1.001 (0.97-1.07) by the same measure. The (g, g) blocks, on 9
+sampled experts with 16 or more of 1024 calibration tokens, the next 1024 held out: 0.61
+(0.30-0.98) on the calibration tokens, 0.82 (0.73-1.08) held out; the whole expert, its down
+searched too, 0.63 and 0.86 (0.68-1.12); the experts above 1 held out are those with 17-19
+tokens (from fewer rows than a group's 32 the blocks are their diagonal: group_second_moments).
+On the tiny test families (held out: the next 256 tokens) the diagonal 0.87-1.19, the blocks
+0.30-0.72. The
+down is searched the same way on act(gate, up) / s of its tokens (after its AWQ scales where
+they fold), and gpt-oss's gate_up and down (interleaved, biased, clamped: no AWQ scale folds
+there) are too: the search reads only the matrix's own input rows. Only the symmetric grid
+has a scale search: with --zero-point (min/max per group) the grids stay RTN. Its cost on the
+Qwen3-30B-A3B widths, one layer (128 experts, 32768 calibration tokens, one BLAS thread):
+gate_up 121 CPU-s against RTN's 14, down 78 against 7 (its input recomputed through each
+expert's fp32 gate/up included), +178 CPU-s a layer, most of it the NumPy search's 20
+products with the (g, g) blocks per expert matrix (scale_search.OUTPUT_SEARCH_DIVISORS).
 
 An expert that fewer than MIN_EXPERT_TOKENS calibration tokens reach is stored RTN. With
 none, its Hessian is zero and GPTQ would zero every weight (it drops the input channels no
@@ -116,14 +150,16 @@ class ExpertInputs:
 
 @dataclass(frozen=True)
 class ExpertCalibration:
-    """What an ExpertStack (formats.py) uses to quantize each of its experts: GPTQ from the
-    expert's own Hessian when enough tokens reach it, else RTN."""
+    """What an ExpertStack (formats.py) uses to quantize each of its experts when enough tokens
+    reach it: GPTQ from the expert's own Hessian (algorithm "gptq"), or the grid searched for
+    the output error on those tokens (algorithm "awq"); else RTN."""
 
     inputs: ExpertInputs
     matrix: str  # "gate_up" | "down"
     read: Reader
     first_expert: int = 0  # global index of the stack's expert 0 (a tensor-parallel rank's whole experts)
     act_order: bool = False
+    algorithm: str = "gptq"  # "gptq" | "awq"
 
     def token_counts(self, local_experts: int) -> np.ndarray:
         """(local_experts,) tokens routed to each of the stack's experts."""
@@ -131,12 +167,15 @@ class ExpertCalibration:
         return counts[self.first_expert:self.first_expert + local_experts]
 
     def for_expert(self, i: int) -> WeightCalibration:
-        """The calibration of the stack's expert i: its Hessian, or none (RTN) below MIN_EXPERT_TOKENS."""
+        """The calibration of the stack's expert i: its Hessian or its input rows (R_e, K), or
+        none (RTN) below MIN_EXPERT_TOKENS."""
         e = self.first_expert + i
         if self.inputs.token_counts(self.read)[e] < MIN_EXPERT_TOKENS:
             return WeightCalibration()
         get = self.inputs.gate_up_input if self.matrix == "gate_up" else self.inputs.down_input
         x = get(e, self.read)  # (R_e, K)
+        if self.algorithm == "awq":
+            return WeightCalibration(input_rows=x)
         return WeightCalibration(hessian=(x.T @ x).astype(np.float64), act_order=self.act_order)
 
 
@@ -144,8 +183,9 @@ def awq_down_scales(inputs: ExpertInputs, read: Reader, scales, group_size: int,
     """AWQ for each expert's down (awq.search_scale on the expert's own act(gate, up) of its
     routed tokens), the 1/s folded into the expert's up rows: h = act(gate) * up, so scaling
     up's row j scales h's channel j exactly. Layout 0 with silu only (gpt-oss clamps up before
-    the product: no exact fold). gate/up keep RTN: their input is the layer's, shared by every
-    expert and the router, so a per-expert factor has nowhere to fold. scales: the build's
+    the product: no exact fold). gate/up get no scale: their input is the layer's, shared by
+    every expert and the router, so a per-expert factor has nowhere to fold (their grids are
+    searched per expert instead: ExpertCalibration, algorithm "awq"). scales: the build's
     channel_scales.ChannelScales. Returns the layer's report (experts searched, RTN
     fallbacks with their tokens, each searched expert's loss vs RTN)."""
     from bessemer.quantization import primitives as prim

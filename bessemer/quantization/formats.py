@@ -58,6 +58,9 @@ class WeightCalibration:
     act_order: bool = False
     input_amax: float | None = None  # max |x| (fp8's static input scale)
     smooth: np.ndarray | None = None  # (K_full,) SmoothQuant 1/s applied by the kernel
+    # (R, K_full) calibration rows the weight reads (an expert's routed tokens): the symmetric
+    # 4-bit grid is searched for the output error on them (scale_search.int4_symmetric_scales_for_inputs)
+    input_rows: np.ndarray | None = None
     # an ExpertStack's per-expert calibration (expert_calibration.ExpertCalibration:
     # for_expert(i) -> WeightCalibration, token_counts(experts) -> (experts,) ints)
     experts: object | None = None
@@ -175,6 +178,12 @@ class Int4Group(StoredFormat):
             from bessemer.quantization.gptq import gptq_int4
 
             codes, scale, offset = gptq_int4(rows, calib.hessian, g, self.zero_point, calib.act_order)
+        elif calib.input_rows is not None and not self.zero_point:
+            from bessemer.quantization import scale_search as ss
+
+            scale = ss.int4_symmetric_scales_for_inputs(rows, g, ss.group_second_moments(calib.input_rows, g))
+            offset = (-ss.SYM_ZERO * scale).astype(np.float32)
+            codes = prim.quantize_int4(rows, scale, offset, g)
         else:
             scale, offset = int4_grid(rows, g, self.zero_point)
             codes = prim.quantize_int4(rows, scale, offset, g)
@@ -407,10 +416,11 @@ class ExpertStack(StoredFormat):
     one after another as (E*N, K) output rows. input_major: the graph's weight is (E, K, N)
     (gpt-oss's stacked tensors), turned into each expert's output rows when it is quantized
     (gate/up stay interleaved, as the kernel reads them). The codes are chosen an expert at a
-    time: by GPTQ from the expert's own Hessian where the calibration has one for it
-    (WeightCalibration.experts: w4a16-gptq, from the tokens routed to the expert;
-    quantization/expert_calibration.py), else by round to nearest (an expert too few
-    calibration tokens reach, and every other mode). Which, per expert, is in the stats."""
+    time from what the calibration has for it (WeightCalibration.experts, from the tokens
+    routed to the expert; quantization/expert_calibration.py): by GPTQ from its own Hessian
+    (w4a16-gptq), or on the grid searched for its output error on them (w4a16-awq); else by
+    round to nearest (an expert too few calibration tokens reach, and every other mode).
+    Which, per expert, is in the stats."""
 
     inner: StoredFormat
     experts: int
@@ -436,8 +446,9 @@ class ExpertStack(StoredFormat):
     def parts(self, shape):
         return self.inner.parts(self.rows_shape(shape))
 
-    # q's entries for stats, not stored: each expert's calibration tokens and whether GPTQ used them
-    EXPERT_INFO = ("expert_tokens", "expert_calibrated")
+    # q's entries for stats, not stored: each expert's calibration tokens, whether calibration
+    # chose its codes, and by which algorithm (ExpertCalibration.algorithm)
+    EXPERT_INFO = ("expert_tokens", "expert_calibrated", "expert_algorithm")
 
     def quantize(self, rows, calib):
         # an expert at a time: the temporaries of one expert's (N, K) (and its Hessian), not the whole stack's
@@ -447,10 +458,11 @@ class ExpertStack(StoredFormat):
         for i, chunk in enumerate(chunks):
             c = per_expert.for_expert(i) if per_expert else WeightCalibration()
             q.append(self.inner.quantize(chunk, c))
-            calibrated.append(c.hessian is not None)
+            calibrated.append(c.hessian is not None or c.input_rows is not None)
         out = {role: np.concatenate([x[role] for x in q]) for role in q[0]}
         if per_expert is not None:
-            out.update(expert_tokens=per_expert.token_counts(self.experts), expert_calibrated=np.array(calibrated))
+            out.update(expert_tokens=per_expert.token_counts(self.experts), expert_calibrated=np.array(calibrated),
+                       expert_algorithm=np.array(per_expert.algorithm))
         return out
 
     def _split_info(self, q: dict) -> tuple[dict, dict]:
@@ -461,8 +473,9 @@ class ExpertStack(StoredFormat):
         return self.inner.dequantize(q)
 
     # tensor parallelism (one expert matrix per HF part, layout 0) cuts every expert's down
-    # along K at the same columns: the inner format's rules, expert by expert; GPTQ's codes
-    # (error propagated along whole rows) are chosen on the full matrices, then cut
+    # along K at the same columns: the inner format's rules, expert by expert; calibrated codes
+    # (GPTQ's error propagated along whole rows; the output error over all K input channels) are
+    # chosen on the full matrices, then cut
     def full_rows_for_k_shard(self, calib):
         return calib.experts is not None or self.inner.full_rows_for_k_shard(WeightCalibration())
 
@@ -491,7 +504,9 @@ class ExpertStack(StoredFormat):
         stats = dict(self.inner.stats(w, parts), experts=self.experts, algorithm="rtn")
         if info:
             tokens, calibrated = info["expert_tokens"], info["expert_calibrated"]
-            stats.update(algorithm="gptq" if calibrated.any() else "rtn", experts_gptq=int(calibrated.sum()),
+            by = str(info["expert_algorithm"])
+            stats.update(algorithm=by if calibrated.any() else "rtn", calibrated_by=by,
+                         experts_calibrated=int(calibrated.sum()),
                          # expert index in the stack -> its calibration tokens, for those stored RTN
                          rtn_fallback={int(i): int(tokens[i]) for i in np.nonzero(~calibrated)[0]},
                          expert_tokens=[int(t) for t in tokens])

@@ -9,8 +9,9 @@ producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 
 A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
 node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 / E4M3 format:
 formats.expert_format) when the target has a kernel for them: w4a16-gptq chooses each expert's
-codes by GPTQ from the tokens routed to it, w4a16-awq scales each expert's down from them
-(both RTN for an expert too few reach: quantization/expert_calibration.py), the rest is round
+codes by GPTQ from the tokens routed to it, w4a16-awq searches each expert's gate/up and down grids
+for their output error on them and scales its down from them (both RTN for an expert too
+few reach: quantization/expert_calibration.py), the rest is round
 to nearest (fp8's calibration covers linears only; fp8 experts scale their activations per
 token); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
 format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape the target's
@@ -133,8 +134,8 @@ def _quantize_experts(node: Node, build: BuildConfig) -> Node:
 
 
 def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
-    """One build-log line per distinct way the experts are stored (never silent: an AWQ build
-    stores its experts RTN; a GPTQ build's per-expert outcome follows the packing, in
+    """One build-log line per distinct way the experts are stored (never silent: what an AWQ
+    build leaves RTN; a calibrated build's per-expert outcome follows the packing, in
     expert_calibration_lines)."""
     if build.quant is None:
         return []
@@ -149,32 +150,46 @@ def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
         elif why is None and q.algorithm == "gptq":
             notes.add(f"GPTQ per expert from the calibration tokens routed to it (RTN for an expert fewer than "
                       f"{MIN_EXPERT_TOKENS} reach)")
-        elif why is None and q.algorithm == "awq" and int(n.attrs.get("layout", 0)) == 0 and not n.attrs.get("activation"):
-            notes.add(f"AWQ per expert for down (scales from the calibration tokens routed to it, folded into its "
-                      f"up rows; RTN for an expert fewer than {MIN_EXPERT_TOKENS} reach); gate/up RTN (their input "
-                      f"is shared by every expert and the router: no per-expert fold)")
+        elif why is None and q.algorithm == "awq":
+            notes.add(_awq_expert_note(n, q))
         elif why is None:
-            notes.add("RTN" if q.algorithm == "rtn" else f"RTN ({q.algorithm} calibrates linears only"
-                      + (": gpt-oss's clamped activation takes no exact per-expert fold)" if q.algorithm == "awq" else ")"))
+            notes.add("RTN" if q.algorithm == "rtn" else f"RTN ({q.algorithm} calibrates linears only)")
         else:
             shipped = "; MXFP4 as shipped where the target keeps it" if n.attrs.get("mxfp4_experts") else ""
             notes.add(f"float32 ({why}){shipped}")
     return [f"experts: {note}" for note in sorted(notes)]
 
 
+def _awq_expert_note(node: Node, q) -> str:
+    """What w4a16-awq does to a moe node's experts (quantization/expert_calibration.py)."""
+    searched = ("grids RTN (--zero-point's min/max grid has no scale search)" if q.zero_point else
+                "gate/up and down grids searched per expert for their output error on the calibration tokens "
+                "routed to it")
+    if int(node.attrs.get("layout", 0)) == 0 and not node.attrs.get("activation"):
+        scales = "down scaled per expert from those tokens (folded into its up rows)"
+    else:
+        scales = "no down scales (gpt-oss's clamped activation takes no exact per-expert fold)"
+    return f"AWQ: {searched}; {scales}; RTN for an expert fewer than {MIN_EXPERT_TOKENS} calibration tokens reach"
+
+
+# how expert_calibration_lines names each ExpertCalibration.algorithm
+CALIBRATED_BY = {"gptq": "GPTQ", "awq": "AWQ grid searched on the output error"}
+
+
 def expert_calibration_lines(quant_error: dict, shown: int = 8) -> list[str]:
     """One build-log line per expert weight quantized per expert (the build report's
-    quant_error entries with experts_gptq): how many experts GPTQ chose the codes of, and
-    which fell back to RTN with their calibration tokens."""
+    quant_error entries with experts_calibrated): how many experts calibration chose the
+    codes of, and which fell back to RTN with their calibration tokens."""
     lines = []
     for name, v in quant_error.items():
-        if "experts_gptq" not in v:
+        if "experts_calibrated" not in v:
             continue
         fallback = v["rtn_fallback"]
         listed = ", ".join(f"{e} ({t} tokens)" for e, t in list(fallback.items())[:shown])
         more = f" and {len(fallback) - shown} more" if len(fallback) > shown else ""
         tokens = v["expert_tokens"]
-        lines.append(f"{name}: GPTQ for {v['experts_gptq']}/{v['experts']} experts "
+        by = CALIBRATED_BY[v["calibrated_by"]]
+        lines.append(f"{name}: {by} for {v['experts_calibrated']}/{v['experts']} experts "
                      f"({min(tokens)}-{max(tokens)} tokens each)"
                      + (f"; RTN for {len(fallback)}: {listed}{more}" if fallback else ""))
     return lines
