@@ -71,8 +71,8 @@ def test_more_accurate_than_the_one_level_g32_grids():
 
 
 def test_the_search_in_row_blocks_equals_the_search_of_the_whole_weight():
-    """sub_block_params searches SEARCH_ROWS rows at a time (for speed): bit for bit what one
-    search over every row gives (rows are independent), importance weights or not."""
+    """sub_block_params_reference searches SEARCH_ROWS rows at a time (for speed): bit for
+    bit what one search over every row gives (rows are independent), importance weights or not."""
     rng = np.random.default_rng(7)
     w = _weights(rng, 2 * sb.SEARCH_ROWS + 37, 192)
     w[5] = 0.0  # an all-zero row
@@ -81,9 +81,48 @@ def test_the_search_in_row_blocks_equals_the_search_of_the_whole_weight():
         h = np.ones(192, np.float32) if importance is None else importance
         h = np.maximum(h, 1e-12 * float(h.max()))  # sub_block_params' floor
         whole = sb._search(g, h.reshape(1, -1, sb.SUB))
-        blocked = sb.sub_block_params(w, importance)
+        blocked = sb.sub_block_params_reference(w, importance)
         for a, b in zip(blocked, whole):
             assert a.dtype == np.float32 and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_native_search_is_bit_identical_to_the_numpy_reference(weighted):
+    """The native sub-block search (bessemer._C) gives exactly the reference's scales and
+    minimums, bit for bit, on weights with outliers, all-zero rows and sub-blocks, signed
+    zeros, sub-blocks without negative or without positive weights, a constant sub-block
+    and denormal-sized weights, with and without importance (some of it zero: floored)."""
+    rng = np.random.default_rng(11 + weighted)
+    w = (rng.standard_normal((300, 576)) * 0.02).astype(np.float32)
+    w[rng.random(w.shape) < 0.02] *= 8
+    w[0] = 0
+    w[1] = 0
+    w[1, 3] = -0.5
+    w[2] *= 1e-36
+    w[3, :32] = np.abs(w[3, :32])
+    w[4, :64] = -0.0
+    w[4, 5] = 0.3
+    w[5, :32] = -np.abs(w[5, :32])
+    w[6, :64] = 0.25
+    h = None
+    if weighted:
+        h = rng.gamma(0.5, 1.0, 576).astype(np.float32)
+        h[::7] = 0
+    got = sb.sub_block_params(w, h)
+    ref = sb.sub_block_params_reference(w, h)
+    for a, b in zip(got, ref):
+        assert a.shape == (300, 576 // sb.SUB) and a.dtype == np.float32
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{int((a != b).sum())} of {b.size} differ"
+
+
+def test_native_search_is_bit_identical_on_a_layer_sized_weight():
+    """Near-ties between range factors are rare: a layer-sized Gaussian weight (SmolLM2's
+    gate|up shape) has enough sub-blocks for a contracted multiply-add or a reordered sum
+    to pick another candidate somewhere."""
+    w = _weights(np.random.default_rng(13), 3072, 576)
+    got, ref = sb.sub_block_params(w), sb.sub_block_params_reference(w)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{int((a != b).sum())} of {b.size} differ"
 
 
 def test_gptq_codes_lie_on_the_grid_and_lower_the_output_error():

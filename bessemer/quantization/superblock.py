@@ -84,12 +84,31 @@ def _error(g, h, scale, minimum, codes):
     return (h * (g - (scale[..., None] * codes + minimum[..., None])) ** 2).sum(-1)
 
 
+def _floored_importance(importance: np.ndarray | None, k: int) -> np.ndarray:
+    """(K,) fp32 importance, all ones when None, floored above 0 (a zero weighs a little)."""
+    h = np.ones(k, np.float32) if importance is None else np.asarray(importance, np.float32).reshape(k)
+    return np.maximum(h, 1e-12 * max(float(h.max()), 1e-30))
+
+
 def sub_block_params(w: np.ndarray, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Searched fp32 (scale >= 0, minimum <= 0) of every sub-block: (N, K // SUB) each."""
+    """Searched fp32 (scale >= 0, minimum <= 0) of every sub-block: (N, K // SUB) each.
+    The search runs in native code over all cores (bessemer._C, targets/cpu/csrc/kernels/
+    int4_superblock_search.cpp: in NumPy it was most of an int4-k build and of the mixed
+    precision measurement); it is bit-identical to sub_block_params_reference."""
+    from bessemer import _C
+
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    return _C.int4_superblock_search(w, _floored_importance(importance, w.shape[1]), RANGE_FACTORS)
+
+
+def sub_block_params_reference(w: np.ndarray, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """sub_block_params in NumPy: the oracle the native search is tested against bit for bit
+    (tests/test_superblock.py). Every sum is NumPy's pairwise fp32 sum; a range factor's
+    candidate scale and minimum, fp32 values times an fp64 factor, are fp64, as are the
+    codes computed from them (then exact in fp32); the native code copies each step."""
     n, k = w.shape
     g = np.asarray(w, np.float32).reshape(n, k // SUB, SUB)
-    h = np.ones(k, np.float32) if importance is None else np.asarray(importance, np.float32).reshape(k)
-    h = np.maximum(h, 1e-12 * max(float(h.max()), 1e-30)).reshape(1, k // SUB, SUB)
+    h = _floored_importance(importance, k).reshape(1, k // SUB, SUB)
     scale, minimum = np.empty((n, k // SUB), np.float32), np.empty((n, k // SUB), np.float32)
     for r in range(0, n, SEARCH_ROWS):
         scale[r:r + SEARCH_ROWS], minimum[r:r + SEARCH_ROWS] = _search(g[r:r + SEARCH_ROWS], h)

@@ -327,3 +327,34 @@ def test_kv_write_stores_codes_and_scales(kind):
         want_codes, want_scales = quantize(host(src).astype(np.float32).reshape(t, kv_heads, head_dim))
         np.testing.assert_array_equal(codes[slots], want_codes)
         np.testing.assert_array_equal(scales[slots], want_scales)
+
+
+def test_builtins_found_once_are_patched_as_the_interpreter_finds_them():
+    """interpreter.enable() finds the language's builtins once instead of before every launch
+    and helper call: the attributes it patches, in order, are those the interpreter's own
+    inspect.getmembers scan finds at that moment, before any launch and inside one (where the
+    enclosing launch has patched triton.language and its tensor, and tl.core's rest remains)."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    packages = (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base)
+
+    def patched(enclosing: bool) -> tuple[list, list]:
+        outer, scope, want = interp._LangPatchScope(), interp._LangPatchScope(), []
+        if enclosing:
+            for pkg in (tl, tl.tensor):
+                interp._patch_builtin(pkg, interp.interpreter_builder, outer)
+        try:
+            for pkg in packages:
+                want += [(id(pkg), name) for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+                interp._patch_builtin(pkg, interp.interpreter_builder, scope)
+            return [(id(obj), name) for obj, name, _ in scope._changes], want
+        finally:
+            scope.restore()
+            outer.restore()
+
+    for enclosing in (False, True):
+        got, want = patched(enclosing)
+        assert got == want and len(got) > (0 if enclosing else 100), enclosing

@@ -8,6 +8,7 @@
 #include "rank_file.h"
 #include "executor.h"
 #include "int4_scale_search_py.h"
+#include "int4_superblock_search_py.h"
 
 namespace py = pybind11;
 using bessemer::EngineFile;
@@ -138,4 +139,5 @@ PYBIND11_MODULE(_C, m) {
           py::arg("target") = "cpu");
 
     bessemer::def_int4_scale_search(m);  // build time: quantization/scale_search.py
+    bessemer::def_int4_superblock_search(m);  // build time: quantization/superblock.py
 }
