@@ -57,13 +57,34 @@ namespace {
 constexpr int kMR2 = 6;  // rows per microkernel
 constexpr int kNR2 = 2;  // max panels per microkernel (2 only for M <= 2: 16 ymm registers)
 
+// The 16 partial sums of a panel's row in y (its first nc columns, the rest 0) as the
+// microkernel's accumulator pair: columns 0-7 and 8-15, or for bf16 weights the even and
+// odd columns (the layout the bf16 loads produce; a pure permutation, so exact).
+template <bool BF16>
+inline void load_partial(const float* yp, int nc, __m256& v0, __m256& v1) {
+    load_partial16(yp, nc, v0, v1);
+    if (BF16) {  // columns 0..7, 8..15 -> (even, odd) columns
+        const __m256 lo = _mm256_permute2f128_ps(v0, v1, 0x20), hi = _mm256_permute2f128_ps(v0, v1, 0x31);
+        v0 = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        v1 = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+// A row's outputs are one FMA chain over k = 0..K-1 per column: a later K block starts from
+// the partial sums the previous one stored in y, the bias is added after the last.
 template <int MR, int NR, bool BF16>
 void ukr_avx2(const UkArgs& a) {
     __m256 acc[MR][NR][2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+        for (int n = 0; n < NR; ++n) {
+            const int nc = a.ncols - n * 16;
+            if (a.accumulate && nc > 0)
+                load_partial<BF16>(a.y + r * a.ldy + n * 16, nc, acc[r][n][0], acc[r][n][1]);
+            else
+                acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+        }
     const float* xr[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) xr[r] = a.x + r * a.ldx;
@@ -111,12 +132,12 @@ void ukr_avx2(const UkArgs& a) {
             }
             const float* bias = a.bias ? a.bias + col0 : nullptr;
             if (col0 + 16 <= a.ncols) {
-                store_row16(yp, v0, v1, a.accumulate, bias);
+                store_row16(yp, v0, v1, false, bias);
             } else if (col0 < a.ncols) {
                 alignas(32) float tmp[16];
                 _mm256_store_ps(tmp, v0);
                 _mm256_store_ps(tmp + 8, v1);
-                store_row_tail(yp, tmp, a.ncols - col0, a.accumulate, bias);
+                store_row_tail(yp, tmp, a.ncols - col0, false, bias);
             }
         }
     }

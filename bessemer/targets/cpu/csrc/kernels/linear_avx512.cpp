@@ -33,13 +33,19 @@ inline __m512 load_w(const char* base, int k) {
     }
 }
 
+// A row's outputs are one FMA chain over k = 0..K-1: a later K block starts from the partial
+// sums the previous one stored in y, the bias is added after the last.
 template <int MR, int NR, bool BF16>
 void ukr_avx512(const UkArgs& a) {
+    __mmask16 mask[NR];
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) mask[n] = simd512::panel_mask_or_none(a.ncols - n * 16);
     __m512 acc[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_setzero_ps();
+        for (int n = 0; n < NR; ++n)
+            acc[r][n] = a.accumulate ? _mm512_maskz_loadu_ps(mask[n], a.y + r * a.ldy + n * 16) : _mm512_setzero_ps();
     const float* xr[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) xr[r] = a.x + r * a.ldx;
@@ -60,13 +66,14 @@ void ukr_avx512(const UkArgs& a) {
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16;
-        const int nc = a.ncols - col0;
-        if (nc <= 0) break;
-        const __mmask16 mask = simd512::panel_mask(nc);
-        const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
+        if (!mask[n]) break;
+        if (a.bias) {
+            const __m512 b = simd512::load_bias16(a.bias + col0, mask[n]);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r)
-            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_add_ps(acc[r][n], b), a.accumulate);
+            for (int r = 0; r < MR; ++r) acc[r][n] = _mm512_add_ps(acc[r][n], b);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy + col0, mask[n], acc[r][n]);
     }
 }
 

@@ -14,12 +14,16 @@
 //     weights (kc x NR*16) stay in L1/L2 across the MR-row chunks (linear_run);
 //   * GEMV (M <= MR): one row block; each weight byte is read exactly once.
 // Batch invariance: a row's outputs are bit-identical whatever the call's row count, the
-// row's place in it and the thread count. K blocks depend only on the weight's shape (never
-// on M), each microkernel computes a row as the same FMA chain over k whatever its MR and
-// NR, and threads split rows or columns, never K.
+// row's place in it and the thread count. Each microkernel computes a row as the same FMA
+// chain over k whatever its MR and NR, and the chain does not depend on the K blocking
+// either: a K block's accumulators start from the partial sums the previous block left in
+// y (stored unscaled; scales and bias are applied after the last block), and group-wise
+// quantized kernels sum each whole group apart and add it to y in group order. So K blocks
+// are a choice of speed per call (fp32/bf16 GEMV: one block; GEMM: blocks that keep the
+// activations in L2), and threads split rows or columns, never K.
 // What differs between kernel families is only how K and rows are blocked (their
 // activation buffers differ) and what each microkernel call is handed: a family is a
-// struct with blocks(), thread_bytes(), begin(), block(), group() and rows() (PanelFamily
+// struct with blocks(gemv), thread_bytes(), begin(), block(), group() and rows() (PanelFamily
 // below; linear_fp8_family.h, linear_w8a8_family.h).
 #pragma once
 
@@ -39,7 +43,7 @@ struct LinearWork {
     int NR;       // panels per microkernel call
     int G;        // panel groups (of NR panels)
     int T;        // threads
-    bool gemv;    // M <= MR: one row block, one K block
+    bool gemv;    // M <= MR: one row block (fp32/bf16 weights: one K block)
     bool split_rows;
 };
 
@@ -127,7 +131,7 @@ inline void linear_run(const F& f, int M, int N, int K, const LinearWork& w, con
 template <class F>
 inline void linear_drive_family(F& f, int M, int N, int K, int NR, int nthreads) {
     const LinearWork work = plan_linear_work(M, N, K, f.MR, NR, nthreads);
-    const LinearBlocks b = f.blocks();
+    const LinearBlocks b = f.blocks(work.gemv);
     linear_run(f, M, N, K, work, b);
 }
 
@@ -145,8 +149,9 @@ struct UkArgs {
     int64_t pstride;  // bytes between panels
     float* y;         // row m0, column 16*p0
     int64_t ldy;
-    bool accumulate;
-    const float* bias;  // bias + 16*p0, or null
+    bool accumulate;    // not the first K block: the accumulators start from y's partial sums
+    bool last;          // the last K block: finish y (scale, bias); else store the partial sums
+    const float* bias;  // bias + 16*p0 on the last K block, or null
     int ncols;          // valid columns in this group (<= NR*16)
     // Quantization parameters (null for fp32/bf16 weights):
     //   per channel (group == 0): qs = scales + 16*p0 ([N] row_major), qo unused;
@@ -221,10 +226,14 @@ struct PanelFamily {
         int m_blk, k0, p0;
     };
 
-    LinearBlocks blocks() {
+    LinearBlocks blocks(bool gemv) {
         const int group = q ? q->group : 0;
-        // K > 1024: blocks of about 512 (the activation block stays in L2), for every M
-        int n = K > 1024 ? (K + 511) / 512 : 1;
+        // K > 1024: blocks of about 512 (the activation block stays in L2). A GEMV of fp32 /
+        // bf16 weights reads each panel in one pass instead (measured faster: its streams are
+        // not cut every 512 k); the quantized GEMVs keep the blocks (measured faster for int8
+        // decode). The results do not depend on the choice (see the top of this file).
+        const bool one_pass = gemv && !q;
+        int n = !one_pass && K > 1024 ? (K + 511) / 512 : 1;
         int kc = (K + n - 1) / n;
         // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
         // groups; one group always fits, group <= kXPrepMaxGroup).
@@ -272,6 +281,7 @@ struct PanelFamily {
         t.a.ncols = ncols;
         t.a.w = w + (int64_t(p0) * K + k0) * kbytes;
         t.a.bias = (bias && last) ? bias + 16 * p0 : nullptr;
+        t.a.last = last;
         if (q) {
             if (q->group > 0) {
                 const int64_t off = int64_t(p0) * t.a.qpstride + int64_t(k0 / q->group) * 16;

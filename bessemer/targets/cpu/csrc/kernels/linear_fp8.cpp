@@ -182,11 +182,19 @@ void ukr_fp8_avx2(const Fp8Args& a) {
     const uint8_t* wp[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
+    // A later K block resumes the unscaled partial sums the previous one stored in y; the
+    // last scales them: one FMA chain over k = 0..K-1 per output.
     __m256 acc[MR][NR][2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+        for (int n = 0; n < NR; ++n) {
+            const int nc = a.ncols - n * 16;
+            if (a.accumulate && nc > 0)
+                load_partial16(a.y + r * a.ldy + n * 16, nc, acc[r][n][0], acc[r][n][1]);
+            else
+                acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+        }
     for (int k = 0; k < a.kc; ++k) {
         if (a.pf_next && (k & 3) == 0)
 #pragma GCC unroll 4
@@ -209,6 +217,11 @@ void ukr_fp8_avx2(const Fp8Args& a) {
         const int col0 = n * 16;
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
+        if (!a.last) {  // partial sums, finished by the last K block
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) store_partial16(a.y + r * a.ldy + col0, nc, acc[r][n][0], acc[r][n][1]);
+            continue;
+        }
         if (nc >= 16) {
             const __m256 w0 = _mm256_loadu_ps(a.ws + col0), w1 = _mm256_loadu_ps(a.ws + col0 + 8);
 #pragma GCC unroll 8
@@ -217,10 +230,6 @@ void ukr_fp8_avx2(const Fp8Args& a) {
                 const __m256 s0 = _mm256_mul_ps(w0, sx), s1 = _mm256_mul_ps(w1, sx);
                 float* yp = a.y + r * a.ldy + col0;
                 __m256 v0 = _mm256_mul_ps(acc[r][n][0], s0), v1 = _mm256_mul_ps(acc[r][n][1], s1);
-                if (a.accumulate) {
-                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yp));
-                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yp + 8));
-                }
                 if (a.bias) {
                     v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias + col0));
                     v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + col0 + 8));
@@ -237,7 +246,6 @@ void ukr_fp8_avx2(const Fp8Args& a) {
                 float* yp = a.y + r * a.ldy + col0;
                 for (int j = 0; j < nc; ++j) {
                     float val = tmp[j] * (a.ws[col0 + j] * (a.xs[r] * 256.0f));
-                    if (a.accumulate) val += yp[j];
                     if (a.bias) val += a.bias[col0 + j];
                     yp[j] = val;
                 }

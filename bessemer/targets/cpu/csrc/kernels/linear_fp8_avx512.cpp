@@ -132,11 +132,16 @@ void ukr_fp8_bf16(const Fp8Args& a) {
     const uint8_t* wp[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
+    // A later K block (starting at an even k) resumes the unscaled partial sums the previous
+    // one stored in y; the last scales them: one dot-product chain over k = 0..K-1 per row.
     __m512 acc[MR][NR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_setzero_ps();
+        for (int n = 0; n < NR; ++n)
+            acc[r][n] = a.accumulate ? _mm512_maskz_loadu_ps(simd512::panel_mask_or_none(a.ncols - n * 16),
+                                                             a.y + r * a.ldy + n * 16)
+                                     : _mm512_setzero_ps();
     const int kp = a.kc & ~1;
     for (int k = 0; k <= kp; k += 2) {
         if (k == kp && !(a.kc & 1)) break;
@@ -168,12 +173,17 @@ void ukr_fp8_bf16(const Fp8Args& a) {
         const int nc = a.ncols - col0;
         if (nc <= 0) break;
         const __mmask16 mask = simd512::panel_mask(nc);
+        if (!a.last) {  // partial sums, finished by the last K block
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy + col0, mask, acc[r][n]);
+            continue;
+        }
         const __m512 wsv = _mm512_maskz_loadu_ps(mask, a.ws + col0);
         const __m512 b = simd512::load_bias16(a.bias ? a.bias + col0 : nullptr, mask);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m512 s = _mm512_mul_ps(wsv, _mm512_set1_ps(a.xs[r]));
-            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_fmadd_ps(acc[r][n], s, b), a.accumulate);
+            simd512::store_row16(a.y + r * a.ldy + col0, mask, _mm512_fmadd_ps(acc[r][n], s, b), false);
         }
     }
 }

@@ -34,7 +34,8 @@ struct Fp8Args {
     int64_t pstride;     // bytes between panels (K * 16)
     float* y;            // row m0, column 16*p0
     int64_t ldy;
-    bool accumulate;     // add to y (not the first K block)
+    bool accumulate;     // not the first K block: the accumulators start from y's partial sums
+    bool last;           // the last K block: scale y and add the bias; else store the partial sums
     const float* bias;   // bias + 16*p0 on the last K block, else null
     const float* ws;     // weight scales + 16*p0
     const float* xs;     // activation scales s_x of rows m0.. (one per row)
@@ -157,9 +158,11 @@ struct Fp8Family {
 
     int ngroups() const { return act_group ? (K + act_group - 1) / act_group : 0; }
 
-    LinearBlocks blocks() {
-        // K blocks: 512 for K > 1024 (as linear@1, whatever M), and small enough that MR rows
-        // of quantized activations fit the buffer.
+    LinearBlocks blocks(bool) {
+        // K blocks: 512 for K > 1024 (as the quantized linear@1 kernels, GEMV too), and small
+        // enough that MR rows of quantized activations fit the buffer. A later block resumes
+        // the partial sums in y at an even k (the bf16 kernel's pairs), so the results do not
+        // depend on the blocking.
         const int kc_cap = (kXqBytes / (MR * esize)) & ~1;
         int nkb = K > 1024 ? (K + 511) / 512 : 1;
         if ((K + nkb - 1) / nkb > kc_cap) nkb = (K + kc_cap - 1) / kc_cap;
@@ -199,6 +202,7 @@ struct Fp8Family {
         t.a.ncols = ncols;
         t.a.w = w + (int64_t(p0) * K + k0) * 16;
         t.a.bias = (bias && last) ? bias + 16 * p0 : nullptr;
+        t.a.last = last;
         t.a.ws = ws + 16 * p0;
         t.p0 = p0;
     }

@@ -246,8 +246,9 @@ inline float sum_avx2(const float* p, int n) {
 }
 
 // One call covers a.kc columns of K: a.kc / G groups (w8: one group of kc, per-channel
-// scales). Per group: fp32 dot of x with the codes in registers, then
-// y (+)= scale * dot (+ offset * sum(x_g)) (+ bias after the last group of the last K block).
+// scales). Per group: fp32 dot of x with the codes in registers, then w4:
+// y (+)= scale * dot + offset * sum(x_g); w8: y = the running dot until the last K block,
+// which stores scale * dot. Plus the bias after the last group of the last K block.
 template <int MR, int NR, int QK>
 void ukr_q_avx2(const UkArgs& a) {
     const float* xr[MR];
@@ -267,12 +268,24 @@ void ukr_q_avx2(const UkArgs& a) {
     const float* pq_s = a.qs + pq_len;
     const float* pq_o = QK == Q4 ? a.qo + pq_len : nullptr;
     const int64_t pq_step = (pq_len / 16 + (a.kc + kLineK - 1) / kLineK - 1) / ((a.kc + kLineK - 1) / kLineK) * 16;
+    // int8 (one group, per-channel scales): a later K block starts from the unscaled partial
+    // sums the previous one stored in y, and only the last block scales them and adds the
+    // bias, so a row's sum is one FMA chain over k = 0..K-1 whatever the K blocking. int4:
+    // each whole group is summed from zero and added to y in group order, which K blocks of
+    // whole groups do not change either.
+    const bool resume = QK == Q8 && a.accumulate;
     for (int g = 0; g < ng; ++g) {
         __m256 acc[MR][NR][2];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+            for (int n = 0; n < NR; ++n) {
+                const int nc = a.ncols - n * 16;
+                if (resume && nc > 0)
+                    load_partial16(a.y + r * a.ldy + n * 16, nc, acc[r][n][0], acc[r][n][1]);
+                else
+                    acc[r][n][0] = acc[r][n][1] = _mm256_setzero_ps();
+            }
         const int k0 = g * G, k1 = k0 + G;
         for (int k = k0; k < k1; ++k) {
             if (a.pf_next && (k & (kLineK - 1)) == 0) {
@@ -301,13 +314,18 @@ void ukr_q_avx2(const UkArgs& a) {
         if (QK == Q4)
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) sx[r] = sum_avx2(xr[r] + k0, G);
-        const bool load_y = g > 0 || a.accumulate;
+        const bool load_y = QK == Q4 && (g > 0 || a.accumulate);
         const float* bias = g == ng - 1 ? a.bias : nullptr;
 #pragma GCC unroll 4
         for (int n = 0; n < NR; ++n) {
             const int col0 = n * 16;
             const int nc = a.ncols - col0;
             if (nc <= 0) break;
+            if (QK == Q8 && !a.last) {  // partial sums, finished by the last K block
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; ++r) store_partial16(a.y + r * a.ldy + col0, nc, acc[r][n][0], acc[r][n][1]);
+                continue;
+            }
             const float* sp = QK == Q4 ? a.qs + n * a.qpstride + g * 16 : a.qs + col0;
             const float* op = QK == Q4 ? a.qo + n * a.qpstride + g * 16 : nullptr;
             if (nc >= 16) {

@@ -96,12 +96,21 @@ void ukr_q_avx512(const UkArgs& a) {
     const float* pq_s = a.qs + pq_len;
     const float* pq_o = QK == Q4 ? a.qo + pq_len : nullptr;
     const int64_t pq_step = (pq_len / 16 + (a.kc + kLineK - 1) / kLineK - 1) / ((a.kc + kLineK - 1) / kLineK) * 16;
+    // int8 (one group, per-channel scales): a later K block starts from the unscaled partial
+    // sums the previous one stored in y, and only the last block scales them and adds the
+    // bias, so a row's sum is one FMA chain over k = 0..K-1 whatever the K blocking. int4:
+    // each whole group is summed from zero and added to y in group order, which K blocks of
+    // whole groups do not change either.
+    const bool resume = QK == Q8 && a.accumulate;
     for (int g = 0; g < ng; ++g) {
         __m512 acc[MR][NR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_setzero_ps();
+            for (int n = 0; n < NR; ++n)
+                acc[r][n] = resume ? _mm512_maskz_loadu_ps(simd512::panel_mask_or_none(a.ncols - n * 16),
+                                                           a.y + r * a.ldy + n * 16)
+                                   : _mm512_setzero_ps();
         const int k0 = g * G, k1 = k0 + G;
         for (int k = k0; k < k1; ++k) {
             if (a.pf_next && (k & (kLineK - 1)) == 0) {
@@ -127,7 +136,7 @@ void ukr_q_avx512(const UkArgs& a) {
         if (QK == Q4)
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) sx[r] = sum_avx512(xr[r] + k0, G);
-        const bool load_y = g > 0 || a.accumulate;
+        const bool load_y = QK == Q4 && (g > 0 || a.accumulate);
         const float* bias = g == ng - 1 ? a.bias : nullptr;
 #pragma GCC unroll 4
         for (int n = 0; n < NR; ++n) {
@@ -135,6 +144,11 @@ void ukr_q_avx512(const UkArgs& a) {
             const int nc = a.ncols - col0;
             if (nc <= 0) break;
             const __mmask16 mask = simd512::panel_mask(nc);
+            if (QK == Q8 && !a.last) {  // partial sums, finished by the last K block
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy + col0, mask, acc[r][n]);
+                continue;
+            }
             __m512 s, o = _mm512_setzero_ps();
             if (QK == Q4) {  // panel16 params: padded to whole panels
                 s = _mm512_loadu_ps(a.qs + n * a.qpstride + g * 16);

@@ -64,7 +64,7 @@ struct W4A8Family {
         int m_blk, p0;
     };
 
-    LinearBlocks blocks() {
+    LinearBlocks blocks(bool) {
         ng = K / G;
         // Row block: about 128 KiB of quantized activations (L2), a multiple of MR, <= 256 rows.
         return {1, K, drv_max(MR, drv_min(256, int((128 * 1024) / (K + 8 * ng))) / MR * MR)};

@@ -60,7 +60,7 @@ struct W8A8Family {
         int m_blk, p0;
     };
 
-    LinearBlocks blocks() {
+    LinearBlocks blocks(bool) {
         kq = (K + 3) / 4;
         ldq = int64_t(kq) * 4;
         // Row block: about 128 KiB of quantized activations (L2), a multiple of MR, <= 256 rows.

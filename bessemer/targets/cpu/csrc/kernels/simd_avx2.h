@@ -103,6 +103,33 @@ static inline void store_row16(float* yp, __m256 v0, __m256 v1, bool accumulate,
     _mm256_storeu_ps(yp + 8, v1);
 }
 
+// A K block's partial sums of one row of a panel (its first nc > 0 columns) through y: a
+// later block loads them as its starting accumulators (columns past nc as 0), so the K
+// blocking does not change a row's FMA chain. v0: columns 0-7, v1: 8-15.
+static inline void load_partial16(const float* yp, int nc, __m256& v0, __m256& v1) {
+    if (nc >= 16) {
+        v0 = _mm256_loadu_ps(yp);
+        v1 = _mm256_loadu_ps(yp + 8);
+        return;
+    }
+    alignas(32) float t[16] = {};
+    for (int j = 0; j < nc; ++j) t[j] = yp[j];
+    v0 = _mm256_load_ps(t);
+    v1 = _mm256_load_ps(t + 8);
+}
+
+static inline void store_partial16(float* yp, int nc, __m256 v0, __m256 v1) {
+    if (nc >= 16) {
+        _mm256_storeu_ps(yp, v0);
+        _mm256_storeu_ps(yp + 8, v1);
+        return;
+    }
+    alignas(32) float t[16];
+    _mm256_store_ps(t, v0);
+    _mm256_store_ps(t + 8, v1);
+    for (int j = 0; j < nc; ++j) yp[j] = t[j];
+}
+
 // The same for the last panel's first nc < 16 columns, from finished values v[0..nc).
 static inline void store_row_tail(float* yp, const float* v, int nc, bool accumulate, const float* bias) {
     for (int j = 0; j < nc; ++j) {

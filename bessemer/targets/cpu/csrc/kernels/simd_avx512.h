@@ -11,6 +11,9 @@ namespace simd512 {
 // The lanes of a panel whose first nc (> 0) columns are valid.
 static inline __mmask16 panel_mask(int nc) { return nc >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nc) - 1u); }
 
+// The same, or no lanes when nc <= 0 (a panel past the valid columns).
+static inline __mmask16 panel_mask_or_none(int nc) { return nc > 0 ? panel_mask(nc) : __mmask16(0); }
+
 // The panel's bias (at its first column) or zeros.
 static inline __m512 load_bias16(const float* bias, __mmask16 m) {
     return bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
