@@ -44,18 +44,6 @@ void slice_fp8(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, c
         linear_fp8_avx2(x, ldx, M, q, s, 1.0f, true, P.act_group, int(N), int(K), bias, y, ldy, nthreads);
 }
 
-void matmul_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-                const float* bias, float* y, int64_t ldy, int nthreads) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_fp8(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
-}
-
-void rows_fp8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
-              float* y, int64_t ldy, int64_t n0, int64_t n1) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_fp8(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
-}
-
 }  // namespace
 
 void prepare_moe_fp8(KernelCall& c, const PlanInfo& p) {
@@ -68,7 +56,7 @@ void prepare_moe_fp8(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_fp8(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeFp8Params>(), {matmul_fp8, rows_fp8, nullptr, kPanelGroupRows});
+    run_moe_grouped(c, ctx, c.get<MoeFp8Params>(), panel_kernel<slice_fp8>());
 }
 
 }  // namespace bessemer

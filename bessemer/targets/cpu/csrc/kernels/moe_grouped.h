@@ -78,4 +78,30 @@ constexpr int kPanelGroupRows = 64;
 
 void run_moe_grouped(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel);
 
+// Rows [r0, r0 + N) of the stacked experts' matrix `which` (r0 and N whole panel groups) on
+// nthreads threads, by a dense linear kernel. A kernel family that has one gets its
+// ExpertMatmul and ExpertRows from it (panel_kernel below), computing each row the same way.
+using ExpertSlice = void (*)(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, const float* x,
+                             int64_t ldx, int M, const float* bias, float* y, int64_t ldy, int nthreads);
+
+template <ExpertSlice slice>
+void slice_matmul(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                  const float* bias, float* y, int64_t ldy, int nthreads) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
+}
+
+template <ExpertSlice slice>
+void slice_rows(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
+                const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    const int64_t N = expert_rows(c.get<MoeParams>(), which);
+    slice(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
+}
+
+// The ExpertKernel of a panel-layout family: whole products and the small-batch row path.
+template <ExpertSlice slice>
+ExpertKernel panel_kernel() {
+    return {slice_matmul<slice>, slice_rows<slice>, nullptr, kPanelGroupRows};
+}
+
 }  // namespace bessemer

@@ -44,18 +44,6 @@ void slice_w8(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, co
         linear_w8_avx2(x, ldx, M, q, s, int(N), int(K), bias, y, ldy, nthreads);
 }
 
-void matmul_w8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-               const float* bias, float* y, int64_t ldy, int nthreads) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_w8(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
-}
-
-void rows_w8(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
-             float* y, int64_t ldy, int64_t n0, int64_t n1) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_w8(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
-}
-
 // ---------------------------------------------------------------- int4
 struct W4Matrix {
     int G = 0;
@@ -140,18 +128,6 @@ void slice_w4(const KernelCall& c, ExpertMatrix which, int64_t r0, int64_t N, co
         linear_w4_avx2(x, ldx, M, codes, s, o, w.G, int(N), int(K), bias, y, ldy, nthreads, true);
 }
 
-void matmul_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
-               const float* bias, float* y, int64_t ldy, int nthreads) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_w4(c, which, e * N, N, x, ldx, M, bias, y, ldy, nthreads);
-}
-
-void rows_w4(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M, const float* bias,
-             float* y, int64_t ldy, int64_t n0, int64_t n1) {
-    const int64_t N = expert_rows(c.get<MoeParams>(), which);
-    slice_w4(c, which, e * N + n0, n1 - n0, x, ldx, M, bias ? bias + n0 : nullptr, y + n0, ldy, 1);
-}
-
 }  // namespace
 
 void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
@@ -163,7 +139,7 @@ void prepare_moe_w8a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w8a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), {matmul_w8, rows_w8, nullptr, kPanelGroupRows});
+    run_moe_grouped(c, ctx, c.get<MoeW8Params>(), panel_kernel<slice_w8>());
 }
 
 void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
@@ -178,7 +154,7 @@ void prepare_moe_w4a16(KernelCall& c, const PlanInfo& p) {
 }
 
 void run_moe_w4a16(const KernelCall& c, const StepContext& ctx) {
-    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), {matmul_w4, rows_w4, nullptr, kPanelGroupRows});
+    run_moe_grouped(c, ctx, c.get<MoeW4Params>(), panel_kernel<slice_w4>());
 }
 
 }  // namespace bessemer
