@@ -18,7 +18,7 @@ engines are installed/built once and cached (compare_setup.py).
 Systems (--systems takes names or fnmatch patterns, comma-separated; default all):
   bessemer-fp32 bessemer-bf16 bessemer-w8a16 bessemer-w4a16-g32 bessemer-w4a16-g64 bessemer-w4a16-g128
   bessemer-w8a8-sq bessemer-fp8 bessemer-fp8-g32 bessemer-w4a16-mp4.85 (calibrated on a short slice of WikiText-2)
-  bessemer-w4a8-g32
+  bessemer-w4a8-g32 bessemer-w4k
   llamacpp-f32 llamacpp-q8_0 llamacpp-q4_0 ortgenai-int4 ortgenai-fp32 hf-fp32
 Workloads: prefill decode batch long (see compare_core.WORKLOADS), run in the order given.
 llama.cpp's batch: its C API's llama_batch with 16 sequence ids (the high-level `Llama`
@@ -65,6 +65,8 @@ SYSTEMS = {
     "bessemer-w4a8-g32": ("bessemer", ["--quant", "w4a8", "--group-size", "32"]),
     # mixed precision within 4.85 bits per weight, lm_head included (int4 table)
     "bessemer-w4a16-mp4.85": ("bessemer", ["--quant", "w4a16-gptq", "--group-size", "32", "--bits-per-weight", "4.85"]),
+    # two-level 4-bit: asymmetric groups of 32 with 8-bit sub-scales under fp16 super-block scales
+    "bessemer-w4k": ("bessemer", ["--quant", "w4k"]),
     "bessemer-fp8": ("bessemer", ["--quant", "fp8"]),
     # fp8 with each token's activation scale refined by a power of two per 32 input columns
     "bessemer-fp8-g32": ("bessemer", ["--quant", "fp8", "--fp8-act-group", "32"]),
