@@ -157,6 +157,8 @@ def main() -> None:
     from read_bandwidth import read_bandwidth
 
     threads = [int(t) for t in args.threads.split(",")]
+    if args.engine_dir:
+        Path(args.engine_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         engines = {}
         for kernel in args.kernels.split(","):
