@@ -132,12 +132,12 @@ void ukr_avx2(const UkArgs& a) {
             }
             const float* bias = a.bias ? a.bias + col0 : nullptr;
             if (col0 + 16 <= a.ncols) {
-                store_row16(yp, v0, v1, false, bias);
+                store_row16(yp, v0, v1, bias);
             } else if (col0 < a.ncols) {
                 alignas(32) float tmp[16];
                 _mm256_store_ps(tmp, v0);
                 _mm256_store_ps(tmp + 8, v1);
-                store_row_tail(yp, tmp, a.ncols - col0, false, bias);
+                store_row_tail(yp, tmp, a.ncols - col0, bias);
             }
         }
     }
