@@ -86,7 +86,7 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
     inputs = {m.node: ExpertInputs(m, stats[m.input_key]["inputs"]) for m in moe}
-    if quant.algorithm == "gptq" or not quant.zero_point:  # GPTQ, or AWQ's grids searched for their output error
+    if quant.algorithm == "gptq" or _awq_searches_grids(quant):
         for m in moe:
             result.experts.update({m.gate_up[0]: (inputs[m.node], "gate_up"), m.down[0]: (inputs[m.node], "down")})
     if quant.mode == "fp8" and quant.fp8_smoothing_alpha is not None:
@@ -104,11 +104,16 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
     return result
 
 
+def _awq_searches_grids(quant) -> bool:
+    """Whether w4a16-awq searches each expert's grid for its output error on its routed tokens:
+    the symmetric grid (--zero-point's min/max grid has no search)."""
+    return quant.algorithm == "awq" and not quant.zero_point
+
+
 def _awq_calibrates(layer: MoeLayer, quant) -> bool:
-    """Whether w4a16-awq calibrates the layer's experts: the symmetric grid searched for each
-    expert's output error (--zero-point's min/max grid has no search), or the down's scales
-    where they fold exactly."""
-    return not quant.zero_point or awq_folds_exactly(layer)
+    """Whether w4a16-awq calibrates the layer's experts: their grids searched, or the down's
+    scales where they fold exactly."""
+    return _awq_searches_grids(quant) or awq_folds_exactly(layer)
 
 
 def _awq_experts(ckpt, inputs: dict, quant, result: CalibrationResult, say) -> dict:
