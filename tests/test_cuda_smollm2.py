@@ -81,8 +81,8 @@ def test_smollm2_cuda_build_report(smollm2_cuda_engine):
 
 @pytest.mark.slow
 def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel_cache):
-    """Quantized cuda engines (w4a16 symmetric and asymmetric, w8a16 and the int8 lm_head,
-    fp8 with dynamic activation scales): every quantized GEMM cubin passes the
+    """Quantized cuda engines (w4a16 symmetric and asymmetric, w4k two-level, w8a16 and the
+    int8 lm_head, fp8 with dynamic activation scales): every quantized GEMM cubin passes the
     checks and spills nothing; weight-only ones dequantize in registers into bf16
     tensor-core dots (HMMA in the 16-row tiles, HGMMA from 64 rows; decode tiles split K
     where the output has few tiles, with an atomic counter per tile), fp8 ones run E4M3 x
@@ -95,16 +95,18 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
 
     ckpt = make_tiny_checkpoint("llama-tied", tmp_path / "hf", intermediate_size=128)
     for i, quant in enumerate([QuantConfig("w4a16", group_size=32), QuantConfig("w4a16", group_size=64, zero_point=True),
-                               QuantConfig("w8a16"), QuantConfig("fp8", fp8_rounding="nearest")]):
+                               QuantConfig("w4k"), QuantConfig("w8a16"), QuantConfig("fp8", fp8_rounding="nearest")]):
         path = build_engine(ckpt, tmp_path / f"e{i}", BuildConfig(target="cuda", dtype="bfloat16", quant=quant, max_seq_len=128)) \
             / "rank0.engine"
         _, _, header, data_offset = read_rank_header(path)
         data = path.read_bytes()
         blobs = {t["name"]: data[data_offset + t["offset"]: data_offset + t["offset"] + t["nbytes"]]
                  for t in header["tensors"] if t["name"].startswith("cubin/")}
-        gemms = [k for k in header["kernels"] if k["function"] in ("gemm_w4_kernel", "gemm_w8_kernel", "gemm_fp8_kernel")]
+        main = {"w4a16": "gemm_w4_kernel", "w4k": "gemm_w4k_kernel", "w8a16": "gemm_w8_kernel",
+                "fp8": "gemm_fp8_kernel"}[quant.mode]
+        gemms = [k for k in header["kernels"]
+                 if k["function"] in ("gemm_w4_kernel", "gemm_w4k_kernel", "gemm_w8_kernel", "gemm_fp8_kernel")]
         split_k_seen = set()
-        main = {"w4a16": "gemm_w4_kernel", "w8a16": "gemm_w8_kernel", "fp8": "gemm_fp8_kernel"}[quant.mode]
         assert {k["function"] for k in gemms} == {main, "gemm_w8_kernel"}  # + the int8 lm_head
         assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
         for k in gemms:
@@ -119,8 +121,8 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
                 split_k_seen.add(k["function"])
                 sass = sass_opcodes(cubin)
                 assert sass["ATOMG"] and sass["MEMBAR"], dict(sass)
-        # the decode tiles of the K = 128 down_proj (one 16 x 64 tile) split K: 4 groups of 32,
-        # or 2 blocks of 64
+        # the decode tiles of the K = 128 down_proj (one 16 x 64 tile) split K: 4 groups (w4k:
+        # sub-blocks) of 32, or 2 blocks of 64
         assert main in split_k_seen
 
 

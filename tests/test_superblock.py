@@ -260,12 +260,18 @@ def test_input_features_not_in_whole_sub_blocks_are_refused_naming_the_linear(ti
         build_engine(tiny_checkpoint("llama-tied"), tmp_path / "e", BuildConfig(quant=QuantConfig("w4k"), max_seq_len=64))
 
 
-def test_cuda_target_refuses_w4k_at_build_time():
-    """No Triton kernel reads the two-level format yet: refused when configured."""
+def test_cuda_target_reads_w4k_with_its_two_level_kernel():
+    """--target cuda --quant w4k is accepted and its linears map to gemm_w4k_kernel, which
+    takes K one sub-block at a time with the weight's super-block (the kernel itself:
+    tests/cuda_interpreter/test_quantized.py)."""
     from bessemer.builder.config import BuildConfig
+    from bessemer.quantization.formats import Int4SuperBlock
+    from bessemer.targets import get_target
 
-    with pytest.raises(InvalidOptionError, match=r"--target cuda has no kernels for --quant w4k \(int4_superblock"):
-        BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig("w4k"))
+    BuildConfig(target="cuda", dtype="bfloat16", quant=QuantConfig("w4k-gptq", calib_data="c.txt"))
+    kernel = get_target("cuda").quant_kernel("linear", Int4SuperBlock)(Int4SuperBlock(192), (1536, 576))
+    assert (kernel.function, kernel.constexprs, kernel.max_block[1]) == \
+        ("gemm_w4k_kernel", {"SUB_BLOCK": 32, "SUPER_BLOCK": 192}, 32)
 
 
 def test_w4k_options():

@@ -1,7 +1,9 @@
-"""Weight-only quantized cuda engines (issue 22, w8a16 and w4a16), under the Triton interpreter.
+"""Weight-only quantized cuda engines (issue 22, w8a16 and w4a16; issue 39, w4k), under the
+Triton interpreter.
 
-Kernels: gemm_w8 / gemm_w4 (symmetric and asymmetric) and the int8 embedding against the
-quantization primitives' dequantized weights on the same rounded activations. Plans: a tiny
+Kernels: gemm_w8 / gemm_w4 (symmetric and asymmetric), gemm_w4k (two-level) and the int8
+embedding against the quantization primitives' (the format's) dequantized weights on the same
+rounded activations. Plans: a tiny
 Llama built with --quant for --target cuda, logits vs HF fp32 whose linears hold the same
 dequantized weights (the format's own quantize/dequantize), within CUDA_BF16_ERROR_RATIO of
 HF bf16's error on those weights (the engine's activations are bf16). And the codes: the cuda
@@ -120,6 +122,59 @@ def test_gemm_w4(dtype, zero_point, group, split):
     assert_row_bits_in_every_bucket(launch, f"gemm_w4 in {split} parts")
 
 
+def _w4k_launch(x, q, n, k, super_block, y, rows, tile, split, one_program_a_part=True):
+    """gemm_w4k_kernel on the stored parts q (the format's values) of an (n, k) weight."""
+    from bessemer.targets.cuda.kernels import gemm_w4k
+
+    bm, bn = tile
+    programs = split if one_program_a_part else 1
+    tiles = -(-rows // bm) * -(-n // bn)
+    partials, counters = split_k_workspace(tiles, programs, bm, bn)
+    gemm_w4k.gemm_w4k_kernel[(tiles, programs)](
+        x, _int4_bytes(q["codes"]), torch.from_numpy(q["scales"]), torch.from_numpy(q["offsets"]),
+        torch.from_numpy(q["super_scales"].astype(np.float16)), torch.from_numpy(q["super_offsets"].astype(np.float16)),
+        torch.empty(0), y, partials, counters, rows, N=n, K=k, SUB_BLOCK=32, SUPER_BLOCK=super_block,
+        X_STRIDE=x.stride(0), Y_STRIDE=n, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32, GROUP_M=8,
+        SPLIT_K=programs, K_PARTS=split)
+    return counters
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,tile,split", [(1, (16, 64), 1), (5, (16, 32), 3), (70, (64, 32), 2),
+                                         (130, (128, 32), 1)])
+def test_gemm_w4k(dtype, m, tile, split):
+    """Two-level codes (w4k): against the format's reference dequantization (superblock.
+    dequantize: s = fp32(d sc), o = fp32(-(dmin m)) per 32 columns) and an fp64 matmul of the
+    same rounded x, within one output rounding + fp32 arithmetic. K = 384: two super-blocks of
+    192, cut by 3 split-K parts at column 128 (inside a super-block); N = 40 leaves a part tile;
+    M from a decode row to a prefill of two 128-row tiles with a part tile."""
+    from bessemer.quantization.formats import Int4SuperBlock
+
+    rng = np.random.default_rng(4)
+    n, k = 40, 384
+    fmt = weight_format(QuantConfig("w4k"), k)
+    assert fmt == Int4SuperBlock(192)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    w[3, :32] = 0.0  # a sub-block of zeros: scale and minimum codes 0
+    q = fmt.quantize(w, WeightCalibration())
+    assert q["offsets"].any() and q["super_offsets"].any()  # the minimum term is exercised
+    x = device_tensor(rng.normal(size=(m, k + 8)), dtype)[:, :k]  # a view: row stride k + 8
+    y = torch.zeros(m, n, dtype=x.dtype)
+    counters = _w4k_launch(x, q, n, k, 192, y, m, tile, split)
+    ref = host(x) @ fmt.dequantize(q).astype(np.float64).T
+    assert_rounded_close(host(y), ref, dtype, f"gemm_w4k m {m} split {split}")
+    assert not counters.any()
+    if m == 5:  # batch invariance: row 0 alone and among 16, 64, 128 rows, bit for bit
+        xs = device_tensor(rng.normal(size=(128, k)), dtype)
+
+        def launch(rows, bm, one_program_a_part):
+            out = torch.zeros(rows, n, dtype=torch.float32)
+            _w4k_launch(xs, q, n, k, 192, out, rows, (bm, 32), split, one_program_a_part)
+            return out
+
+        assert_row_bits_in_every_bucket(launch, f"gemm_w4k in {split} parts")
+
+
 def test_embedding_w8_reads_the_int8_table():
     rng = np.random.default_rng(2)
     codes, scales = prim.quantize_int8_per_channel(rng.normal(size=(30, 48)).astype(np.float32))
@@ -134,8 +189,8 @@ def test_embedding_w8_reads_the_int8_table():
 # ---------------------------------------------------------------- engines
 
 QUANT_CASES = [QuantConfig("w8a16"), QuantConfig("w4a16", group_size=32),
-               QuantConfig("w4a16", group_size=64, zero_point=True)]
-IDS = ["w8a16", "w4a16-g32", "w4a16-g64-asym"]
+               QuantConfig("w4a16", group_size=64, zero_point=True), QuantConfig("w4k")]
+IDS = ["w8a16", "w4a16-g32", "w4a16-g64-asym", "w4k"]
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +224,8 @@ def test_quantized_cuda_plan_matches_fake_quantized_hf(quant, quant_checkpoint, 
             want = ref32(torch.tensor([ids])).logits[0].numpy()
             theirs = np.abs(ref16(torch.tensor([ids])).logits[0].float().numpy() - want).max()
         err = np.abs(got - want).max()
-        print(f"cuda {quant.mode} g{quant.group_size}: max |engine - HF| = {err:.4g}, "
+        groups = f" g{quant.group_size}" if quant.bits == 4 and not quant.two_level else ""
+        print(f"cuda {quant.mode}{groups}: max |engine - HF| = {err:.4g}, "
               f"{err / (CUDA_BF16_ERROR_RATIO * theirs):.2f} of the bound")
         assert err <= CUDA_BF16_ERROR_RATIO * theirs
 

@@ -115,6 +115,7 @@ CUDA = {
                                                                                    norm=0, bias=True)),
     "linear:Int8PerChannel": Case(_QUANTIZED, "test_gemm_w8", dict(_BF16, m=3, tile=(16, 32, 64), split=3)),
     "linear:Int4Group": Case(_QUANTIZED, "test_gemm_w4", dict(_BF16, zero_point=True, group=32, split=4)),
+    "linear:Int4SuperBlock": Case(_QUANTIZED, "test_gemm_w4k", dict(_BF16, m=5, tile=(16, 32), split=3)),
     "linear:Fp8E4M3": Case(_FP8, "test_gemm_fp8", dict(_BF16, dynamic=True, m=3, tile=(16, 32, 64), split=3)),
     "embedding:Int8PerChannel": Case(_QUANTIZED, "test_embedding_w8_reads_the_int8_table"),
     # int8 and int4 experts: one kernel family (BITS); the int4 asymmetric, gpt-oss-rows case

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bessemer.errors import InvalidOptionError
-from bessemer.quantization.formats import ExpertStack, Fp8E4M3, Int4Group, Int8PerChannel, Mxfp4Experts
+from bessemer.quantization.formats import ExpertStack, Fp8E4M3, Int4Group, Int4SuperBlock, Int8PerChannel, Mxfp4Experts
+from bessemer.quantization.superblock import SUB
 
 # plugins/ops.py ops lower.py lowers (split: column views, no launch); no collectives yet
 KERNELS = frozenset({
@@ -47,6 +48,16 @@ def _gemm_w4(fmt: Int4Group, shape) -> QuantKernel:
                        (64 if fmt.zero_point else 128, min(64, fmt.group_size)))
 
 
+def _gemm_w4k(fmt: Int4SuperBlock, shape) -> QuantKernel:
+    # every part row-major as stored; a K block is one sub-block of 32 (its own scale and
+    # minimum). Four parameter vectors a K block, each spread over the accumulator's columns:
+    # 64-wide tiles hit 255 registers and spill from 64 rows at the 8B shapes (sm_90a), 32-wide
+    # ones take 160-200 without spills
+    roles = ("codes", "scales", "offsets", "super_scales", "super_offsets")
+    return QuantKernel("gemm_w4k", "gemm_w4k_kernel", tuple((f"{role}_ptr", role, "") for role in roles),
+                       dict(SUB_BLOCK=SUB, SUPER_BLOCK=fmt.super_block), (32, SUB))
+
+
 def _experts(fmt: ExpertStack, shape) -> QuantKernel:
     """A moe node's gate_up or down stored as an ExpertStack: read by the grouped expert GEMMs
     (kernels/moe_grouped.py). The row names the gate/up kernel; the down launch runs its
@@ -78,13 +89,15 @@ _MXFP4_EXPERTS = QuantKernel("moe_grouped", "moe_gate_up_grouped_kernel", _NO_OF
 
 
 # (graph op, stored format class) -> (format, weight shape (N, K)) -> the kernel reading it.
-# Weight-only int8 / int4 codes: kernels/gemm_quant.py; fp8: kernels/gemm_fp8.py; a tied
+# Weight-only int8 / int4 codes: kernels/gemm_quant.py; two-level int4 (w4k):
+# kernels/gemm_w4k.py; fp8: kernels/gemm_fp8.py; a tied
 # embedding table quantized with lm_head: gathered by embedding_w8_kernel from the same parts;
 # a moe node's int8 / int4 / E4M3 / MXFP4 experts: the grouped expert GEMMs of kernels/moe_grouped.py.
 QUANT_KERNELS = {
     ("linear", Int8PerChannel): lambda fmt, shape: QuantKernel("gemm_quant", "gemm_w8_kernel", _CODES_AND_SCALES,
                                                                max_block=(128, 64)),
     ("linear", Int4Group): _gemm_w4,
+    ("linear", Int4SuperBlock): _gemm_w4k,
     ("linear", Fp8E4M3): lambda fmt, shape: QuantKernel(
         "gemm_fp8", "gemm_fp8_kernel", _CODES_AND_SCALES + (("input_scale_ptr", "input_scale", "float32"),),
         dict(DYNAMIC=fmt.dynamic)),

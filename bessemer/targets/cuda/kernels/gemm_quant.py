@@ -13,7 +13,7 @@ tensor-core dots with fp32 accumulation. The codes are the target-neutral format
   even and an odd k: the x tile is read as its even and its odd columns and the two nibble
   planes each take one dot.
 
-The dequantizing steps (gemm.weight_operand for int8, int4_x_planes, int4_group_block) are
+The dequantizing steps (gemm.weight_operand for int8, int4_x_planes, int4_codes_dot, int4_group_block) are
 shared with the quantized expert GEMMs (kernels/moe_grouped.py). Tiles per bucket of M as the
 dense GEMM (lowering: GEMM_CONFIGS), K blocks of at most 64.
 
@@ -41,11 +41,11 @@ def int4_x_planes(x_rows, m_ok, k0, j, K: tl.constexpr):
 
 
 @triton.jit
-def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K: tl.constexpr,
-                     GROUP: tl.constexpr, SYMMETRIC: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] + one K block [k0, k0 + 2 HALF) of x W^T for int4 codes: w_cols
-    [1, BLOCK_N] pointers to each output row's code bytes, p_cols [BLOCK_N] the row's first
-    group parameter; the block lies inside group k0 // GROUP."""
+def int4_codes_dot(x_even, x_odd, w_cols, n_ok, k0, j, K: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """x [k0, k0 + 2 HALF) @ codes^T ([BLOCK_M, BLOCK_N] fp32) of one K block of int4 codes,
+    c - 8 when SYMMETRIC: w_cols [1, BLOCK_N] pointers to each output row's code bytes. The
+    codes are exact in bf16 and fp16, so the caller scales the result (shared with
+    kernels/gemm_w4k.py)."""
     k_even = k0 + 2 * j
     b = tl.load(w_cols + (k0 // 2 + j)[:, None], mask=n_ok[None, :] & (k_even[:, None] < K), other=0)
     lo = (b & 15).to(tl.float32)
@@ -54,7 +54,16 @@ def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offse
         lo -= 8.0
         hi -= 8.0
     part = tl.dot(x_even, lo.to(x_even.dtype))
-    part = tl.dot(x_odd, hi.to(x_odd.dtype), part)
+    return tl.dot(x_odd, hi.to(x_odd.dtype), part)
+
+
+@triton.jit
+def int4_group_block(acc, x_even, x_odd, w_cols, p_cols, n_ok, scales_ptr, offsets_ptr, k0, j, K: tl.constexpr,
+                     GROUP: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] + one K block [k0, k0 + 2 HALF) of x W^T for int4 codes: w_cols
+    [1, BLOCK_N] pointers to each output row's code bytes, p_cols [BLOCK_N] the row's first
+    group parameter; the block lies inside group k0 // GROUP."""
+    part = int4_codes_dot(x_even, x_odd, w_cols, n_ok, k0, j, K, SYMMETRIC)
     g = k0 // GROUP
     s = tl.load(scales_ptr + p_cols + g, mask=n_ok, other=0.0).to(tl.float32)
     acc += part * s[None, :]
