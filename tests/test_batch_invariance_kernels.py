@@ -23,9 +23,11 @@ import tolerances as tol  # noqa: E402
 from test_fp8_kernels import fp8_entries, fp8_plan  # noqa: E402
 from test_kernels import ISAS, assert_close, bf16_round, emb_step, make_plan, run_flat, step  # noqa: E402
 from test_quant_kernels import entry, executor, f32_entry, quant_plan, w4_entries, w8_entries, write  # noqa: E402
+from test_w8a8_kernel import w8a8_entries, w8a8_plan  # noqa: E402
 
 from bessemer.format.layouts import encode  # noqa: E402
 from bessemer.quantization import fp8  # noqa: E402
+from bessemer.quantization import primitives as prim  # noqa: E402
 from bessemer.quantization.primitives import round_to_bf16  # noqa: E402
 
 V = 48  # embedding rows
@@ -56,6 +58,13 @@ def linear_case(kind, W, x):
         xr = x if version == 1 else round_to_bf16(x.astype(np.float32)).astype(np.float64)
         rt = (tol.W4_LINEAR_RTOL, tol.W4_LINEAR_ATOL) if version == 1 else (tol.W4_BF16_RTOL, tol.W4_BF16_ATOL)
         return ents, quant_plan("w4", N, K, False, 32, version=version), xr @ Wd.astype(np.float64).T, rt
+    if kind == "w8a8":  # dynamic per-token int8 activations, smoothing multiplier, bias
+        q, ws = prim.quantize_int8_per_channel(W)
+        smooth = np.linspace(0.5, 2.0, K, dtype=np.float32)
+        bias = np.linspace(-1.0, 1.0, N, dtype=np.float32)
+        ref, _ = prim.linear_w8a8_ref(x.astype(np.float32), q, ws, smooth, bias)
+        return w8a8_entries(q, ws, smooth, bias), w8a8_plan(N, K, True, True), ref, \
+            (tol.W8A8_LINEAR_RTOL, tol.W8A8_LINEAR_ATOL)
     assert kind == "fp8", kind  # @2: dynamic per-token activation scales
     codes, scale = fp8.quantize_fp8_per_channel(W)
     ref = fp8.linear_fp8_reference(x.astype(np.float32), codes, scale, None, None)
@@ -64,7 +73,7 @@ def linear_case(kind, W, x):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", ["float32", "bfloat16", "w8a16", "w4a16@1", "w4a16@2", "fp8"])
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "w8a16", "w4a16@1", "w4a16@2", "fp8", "w8a8"])
 def test_a_row_is_bit_identical_as_gemv_and_inside_a_gemm(tmp_path, kind, isa):
     for N, K in SHAPES:
         rng = np.random.default_rng(N + K)
@@ -75,7 +84,7 @@ def test_a_row_is_bit_identical_as_gemv_and_inside_a_gemm(tmp_path, kind, isa):
         tokens = rng.integers(0, V, BATCH)
         batch = run_flat(ex, tokens)
         ref = ref_of[tokens]
-        if kind == "fp8":  # per-row scales: compare each row relative to its own size
+        if kind in ("fp8", "w8a8"):  # per-row scales: compare each row relative to its own size
             rows = np.abs(ref).max(axis=1, keepdims=True) + 1e-30
             assert_close(batch / rows, ref / rows, *rt, f"{kind} {N}x{K}")
         else:

@@ -132,6 +132,7 @@ void ukr_w8a8_avx2(const W8A8Args& a) {
 #pragma GCC unroll 2
         for (int n = 0; n < NR; ++n) {
             const char* p = reinterpret_cast<const char*>(a.w) + n * a.pstride + kk * 64;
+            if (a.pf_next) _mm_prefetch(p + a.pf_next, _MM_HINT_T1);  // see W8A8Args::pf_next
             wv[n][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
             wv[n][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
         }

@@ -65,6 +65,28 @@ void quant_rows_avx512(const float* x, int64_t ldx, int rows, int K, int64_t ldq
     }
 }
 
+// acc[r][n] += sum over 4-byte k groups of row r's codes times panel n's; with PF, each
+// panel's cache line at the same k of the next panel group is prefetched (W8A8Args::pf_next).
+template <int MR, int NR, bool PF>
+inline __attribute__((always_inline)) void dot_loop(__m512i (&acc)[MR][NR], const int32_t* const (&xr)[MR],
+                                                    const char* wp, int64_t pstride, int64_t pf_next, int kq) {
+    for (int kk = 0; kk < kq; ++kk) {
+        __m512i wv[NR];
+#pragma GCC unroll 2
+        for (int n = 0; n < NR; ++n) {
+            const char* p = wp + n * pstride + kk * 64;
+            if (PF) _mm_prefetch(p + pf_next, _MM_HINT_T1);
+            wv[n] = _mm512_loadu_si512(p);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xb = _mm512_set1_epi32(xr[r][kk]);
+#pragma GCC unroll 2
+            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbusd_epi32(acc[r][n], xb, wv[n]);
+        }
+    }
+}
+
 template <int MR, int NR>
 void ukr_w8a8_avx512(const W8A8Args& a) {
     __m512i acc[MR][NR];
@@ -76,17 +98,10 @@ void ukr_w8a8_avx512(const W8A8Args& a) {
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) xr[r] = reinterpret_cast<const int32_t*>(a.xq + r * a.ldq);
     const char* wp = reinterpret_cast<const char*>(a.w);
-    for (int kk = 0; kk < a.kq; ++kk) {
-        __m512i wv[NR];
-#pragma GCC unroll 2
-        for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_si512(wp + n * a.pstride + kk * 64);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            const __m512i xb = _mm512_set1_epi32(xr[r][kk]);
-#pragma GCC unroll 2
-            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbusd_epi32(acc[r][n], xb, wv[n]);
-        }
-    }
+    if (a.pf_next)
+        dot_loop<MR, NR, true>(acc, xr, wp, a.pstride, a.pf_next, a.kq);
+    else
+        dot_loop<MR, NR, false>(acc, xr, wp, a.pstride, 0, a.kq);
 #pragma GCC unroll 2
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16, nc = a.ncols - col0;
