@@ -2,22 +2,25 @@
 run-engine uses), and what the server spends per streamed token outside the engine.
 
     python bench/serve_decode.py ENGINE [--threads 2] [--tokens 256] [--rounds 5]
-                                 [--compare-tree ../bessemer-main] [--out FILE]
+                                 [--compare-tree ../bessemer-main] [--serve-args FLAGS]
+                                 [--compare-serve-args FLAGS] [--out FILE]
 
-One `LLM` worker process and one server process (two with --compare-tree: the second runs
-another source tree's bessemer, for an A/B) hold the same engine for the whole run; each
-round measures, one after the other (so a burst of outside load hits all alike):
+One `LLM` worker process and one server process (two with --compare-tree or
+--compare-serve-args: the second runs another source tree's bessemer or other serve flags,
+for an A/B) hold the same engine for the whole run; each round measures, one after the
+other (so a burst of outside load hits all alike):
 
 - llm: `LLM.generate` of --tokens greedy tokens (ignore_eos) after a 16-token prompt;
 - whole: the same request to /v1/completions, not streamed;
 - streamed: the same request streamed.
 
 Decode tok/s leaves the prompt and the request's overhead out the same way on every path:
-(tokens - 1) / (time for `tokens` tokens - time for 1 token) for llm and whole, (tokens - 1)
-/ (last token's chunk - first token's chunk) on the client for streamed.
+(tokens - 1) / (time for `tokens` tokens - time for 1 token) for llm and whole; for streamed,
+the chunks after the client's first read over the time from that read to the last (a client
+that wakes late for the first chunk finds several: counting them too would overstate the rate).
 
-The client reads the stream with http.client and counts chunks by their "data: " prefix (no
-JSON parsing), since it shares the cores with the server. The load it does add is not in
+The client reads the stream from a bare socket and counts chunks by their "data: {" prefix (no
+HTTP or JSON parsing), since it shares the cores with the server. The load it does add is not in
 the server's own figure: CPU seconds per streamed token of each server thread, read from
 /proc/<pid>/task/<tid>/schedstat (nanoseconds of CPU) before and after the request and split
 into the event loop (the main thread: uvicorn, HTTP, the app's per-token work), the engine
@@ -35,6 +38,8 @@ import argparse
 import http.client
 import json
 import os
+import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -101,15 +106,16 @@ def tree_env(tree: Path) -> dict[str, str]:
 
 
 class Server:
-    def __init__(self, engine: Path, threads: int, tree: Path):
+    def __init__(self, engine: Path, threads: int, tree: Path, serve_args: list[str]):
         sys.path.insert(0, str(REPO / "tests"))
         from ports import free_port
 
-        self.port, self.tree = free_port(), tree
+        self.port, self.tree, self.serve_args = free_port(), tree, serve_args
         env = tree_env(tree)
         self.proc = subprocess.Popen([sys.executable, "-m", "bessemer.cli.main", "serve", str(engine),
                                       "--port", str(self.port), "--threads", str(threads), "--no-prefix-cache",
-                                      "--log-level", "warning", "--log-stats-interval", "0"], env=env, cwd=tree,
+                                      "--log-level", "warning", "--log-stats-interval", "0", *serve_args],
+                                     env=env, cwd=tree,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
         while True:
@@ -151,32 +157,40 @@ class Server:
             raise SystemExit(f"the request failed: {r.status} {data[:300]!r}")
         return elapsed
 
-    def streamed(self, tokens: int) -> tuple[float, float]:
-        """(first token's chunk, last token's chunk) on the client's clock."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+    def streamed(self, tokens: int) -> tuple[float, float, int]:
+        """(the first read holding a token's chunk, the last read, token chunks in that first
+        read) on the client's clock. A bare socket rather than http.client, whose chunked-body
+        reader runs a few Python calls per chunk: what the client spends per token is taken
+        from the same two cores as the server's kernels."""
+        body = self.body(tokens, True)
+        head = (f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         first = last = None
-        seen, tail = 0, b""
-        try:
-            conn.request("POST", "/v1/completions", self.body(tokens, True), {"content-type": "application/json"})
-            r = conn.getresponse()
-            if r.status != 200:
-                raise SystemExit(f"the request failed: {r.status} {r.read()[:300]!r}")
+        seen, at_first, tail, received = 0, 0, b"", []
+        with socket.create_connection(("127.0.0.1", self.port), timeout=600) as sock:
+            sock.sendall(head + body)
             while True:
-                data = r.read1(65536)
+                data = sock.recv(65536)
                 if not data:
                     break
                 now = time.perf_counter()
-                data, tail = tail + data, data[-16:]
-                events = data.count(b"data: {")  # a token's chunk; [DONE] ends the stream
+                if len(received) < 2:  # the status line and headers, kept for an error
+                    received.append(data)
+                # a token's chunk; [DONE] ends the stream. The HTTP chunk-size lines between
+                # events never hold this, and `tail` finds one split across two reads.
+                events = (tail + data).count(b"data: {")
+                tail = data[-6:]
                 if events:
                     seen += events
-                    first = first if first is not None else now
+                    if first is None:
+                        first, at_first = now, events
                     last = now
-        finally:
-            conn.close()
+        response = b"".join(received)
+        if not response.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"the request failed: {response[:300]!r}")
         if seen != tokens:
             raise SystemExit(f"expected {tokens} token chunks, counted {seen}")
-        return first, last
+        return first, last, at_first
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -190,10 +204,10 @@ def measure(server: Server, n: int) -> dict:
     long = server.whole(n)
     whole_cpu = cpu_split(server.proc.pid, before, thread_cpu_ns(server.proc.pid))
     before, client_before = thread_cpu_ns(server.proc.pid), time.process_time()
-    first, last = server.streamed(n)
+    first, last, at_first = server.streamed(n)
     stream_cpu = cpu_split(server.proc.pid, before, thread_cpu_ns(server.proc.pid))
     client_cpu = time.process_time() - client_before
-    return {"whole_tok_s": (n - 1) / (long - short), "streamed_tok_s": (n - 1) / (last - first),
+    return {"whole_tok_s": (n - 1) / (long - short), "streamed_tok_s": (n - at_first) / (last - first),
             "whole_cpu_ms_per_token": {k: 1e3 * v / n for k, v in whole_cpu.items()},
             "streamed_cpu_ms_per_token": {k: 1e3 * v / n for k, v in stream_cpu.items()},
             "client_cpu_ms_per_token": 1e3 * client_cpu / n}
@@ -208,15 +222,20 @@ def main() -> None:
     ap.add_argument("--compare-tree", type=Path, default=None,
                     help="also serve the engine from this Bessemer source tree (a checkout of another commit, "
                          "its native module built), measured in the same rounds: an A/B under the same load")
+    ap.add_argument("--serve-args", default="", help="more `bessemer serve` flags for this tree's server, one string "
+                    "(e.g. '--stream-interval-ms 10')")
+    ap.add_argument("--compare-serve-args", default=None,
+                    help="more flags for the compared server (--compare-tree, this tree if not given): an A/B of flags")
     ap.add_argument("--out", type=Path, default=None, help="write every round's figures here as JSON")
     args = ap.parse_args()
     n = args.tokens
 
     worker = subprocess.Popen([sys.executable, "-c", WORKER, str(args.engine), str(args.threads), json.dumps(PROMPT)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(REPO), cwd=REPO)
-    servers = {"this": Server(args.engine, args.threads, REPO)}
-    if args.compare_tree is not None:
-        servers["compared"] = Server(args.engine, args.threads, args.compare_tree.resolve())
+    servers = {"this": Server(args.engine, args.threads, REPO, shlex.split(args.serve_args))}
+    if args.compare_tree is not None or args.compare_serve_args is not None:
+        servers["compared"] = Server(args.engine, args.threads, (args.compare_tree or REPO).resolve(),
+                                     shlex.split(args.compare_serve_args or ""))
     rounds = []
     try:
         if worker.stdout.readline().strip() != "ready":
@@ -252,7 +271,7 @@ def main() -> None:
     print(f"\nmedians of {len(rounds)} rounds, {n} tokens, {args.threads} threads, {args.engine.name}; "
           f"llm {med(lambda r: r['llm_tok_s']):.1f} tok/s, {med(lambda r: r['llm_cpu_ms_per_token']):.3f} CPU ms/token")
     for name, server in servers.items():
-        print(f"{name} ({server.tree}):")
+        print(f"{name} ({server.tree} {shlex.join(server.serve_args)}):")
         print(f"  decode tok/s: whole {med(lambda r: r[name]['whole_tok_s']):.1f} "
               f"({med(lambda r: r[name]['whole_tok_s'] / r['llm_tok_s']):.3f}x llm), "
               f"streamed {med(lambda r: r[name]['streamed_tok_s']):.1f} "
@@ -266,7 +285,8 @@ def main() -> None:
               f"{med(lambda r: r['this']['streamed_cpu_ms_per_token']['event_loop'] / r['compared']['streamed_cpu_ms_per_token']['event_loop']):.3f}")
     if args.out:
         args.out.write_text(json.dumps({"engine": str(args.engine), "tokens": n, "threads": args.threads,
-                                        "trees": {k: str(v.tree) for k, v in servers.items()}, "rounds": rounds},
+                                        "trees": {k: str(v.tree) for k, v in servers.items()},
+                                        "serve_args": {k: v.serve_args for k, v in servers.items()}, "rounds": rounds},
                                        indent=1) + "\n")
 
 

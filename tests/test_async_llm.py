@@ -57,6 +57,30 @@ def test_concurrent_streams_match_sync_llm(engine):
     assert [r[1][0] for r in results] == [s.token_ids for s in sync]
 
 
+def test_held_deltas_arrive_together_unchanged(engine):
+    # a consumer of the whole request (delivery_interval_s) gets the first delta at once,
+    # the others together when the sequence ends: the same deltas, token times included,
+    # as a consumer woken at every step
+    ids = engine.llm.tokenizer.encode("Three facts about owls:")
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    async def read(interval_s):
+        stream = await engine.add_request(ids, params, delivery_interval_s=interval_s)
+        deltas, waiting = [], []
+        async for d in stream:
+            deltas.append(d)
+            waiting.append(len(stream._items))  # delivered, not read yet
+        return deltas, waiting
+
+    eager, _ = asyncio.run(read(0.0))
+    held, waiting = asyncio.run(read(600.0))
+    assert waiting == [0] + list(range(len(held) - 2, -1, -1))
+    assert [(d.token_ids, d.text, d.finish_reason, d.num_output_tokens) for d in held] == \
+        [(d.token_ids, d.text, d.finish_reason, d.num_output_tokens) for d in eager]
+    times = [d.time for d in held]
+    assert times == sorted(times) and len(set(times)) == len(times) == 12
+
+
 def test_n_sequences_and_errors(engine):
     async def main():
         texts, tokens, last = await collect(engine, [1, 2, 3], SamplingParams(max_tokens=3, n=2, seed=5))

@@ -3,7 +3,8 @@
 Two servers of the bf16 SmolLM2 engine run for the whole module: `server` (defaults, with
 an API key) and `small` (`--kv-cache-gib 0 --no-prefix-cache`: the minimum KV pool, so
 concurrent long prompts must be preempted, and no prefix cache, so it is the reference for
-prefix-cache hits; `--drain-timeout 0`: SIGTERM aborts at once). Outputs are greedy, so
+prefix-cache hits; `--drain-timeout 0`: SIGTERM aborts at once; `--stream-interval-ms 200`:
+a stream's tokens go out together). Outputs are greedy, so
 "correct" means "equal to the same request served alone". `small` is SIGTERMed by the
 last test.
 """
@@ -101,7 +102,7 @@ def servers(smollm2_engine, tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve-logs")
     started = [Server(engine, logs / "server.log", "--api-key", KEY),
                Server(engine, logs / "small.log", "--kv-cache-gib", "0", "--no-prefix-cache",
-                      "--drain-timeout", "0")]
+                      "--drain-timeout", "0", "--stream-interval-ms", "200")]
     try:
         for s in started:
             s.wait_ready()
@@ -281,6 +282,47 @@ def test_api_key_and_client_errors(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def raw_stream(server, path: str, body: dict) -> list[bytes]:
+    """The HTTP chunks of a streamed response, as the server wrote them (a bare socket:
+    httpx would join and split them as it reads)."""
+    import socket
+
+    content = json.dumps({**body, "stream": True}).encode()
+    head = (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer {KEY}"
+            f"\r\ncontent-length: {len(content)}\r\nconnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(head + content)
+        response = b"".join(iter(lambda: sock.recv(65536), b""))
+    status, rest = response.split(b"\r\n", 1)
+    assert status == b"HTTP/1.1 200 OK", response[:300]
+    rest = rest.split(b"\r\n\r\n", 1)[1]
+    chunks = []
+    while True:  # chunked transfer coding: hex size, CRLF, data, CRLF; size 0 ends it
+        size, rest = rest.split(b"\r\n", 1)
+        if int(size, 16) == 0:
+            return chunks
+        chunks.append(rest[:int(size, 16)])
+        rest = rest[int(size, 16) + 2:]
+
+
+def test_stream_interval_sends_the_same_events_in_fewer_writes(server, small):
+    """`small` (--stream-interval-ms 200) sends a stream's tokens together: the same events
+    as `server` (every token at once), byte for byte but for the time each response was
+    created, in a few writes rather than one per token."""
+    def events(chunks: list[bytes]) -> list[bytes]:
+        return [re.sub(rb'"created": \d+', b'"created": 0', e) for e in b"".join(chunks).split(b"\n\n")]
+
+    for path, extra in (("/v1/completions", {"prompt": "The story of a lighthouse keeper:"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell a story."}]})):
+        body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "request_id": "r1",
+                "stream_options": {"include_usage": True}, **extra}
+        each, held = raw_stream(server, path, body), raw_stream(small, path, body)
+        assert events(held) == events(each)
+        num_events = len(events(each)) - 1  # the last is the empty rest after [DONE]'s blank line
+        assert num_events >= 16 + 2  # the tokens' events, usage and [DONE]
+        assert len(held) < num_events // 2, (path, [len(c) for c in held])
 
 
 def test_client_disconnect_aborts(server):

@@ -54,6 +54,10 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
               help="Names of the /metrics series: bessemer_* or vLLM's vllm:* (its dashboards work unchanged).")
 @click.option("--log-stats-interval", type=float, default=10.0, show_default=True,
               help="Seconds between the throughput / queue / KV-cache lines in the log (only after activity); 0: off.")
+@click.option("--stream-interval-ms", type=float, default=0.0, show_default=True,
+              help="Send a stream's tokens together at most this often (the first at once; each token keeps its "
+                   "own event); 0: each as soon as it is made. Over a token's time it spares the server and a "
+                   "client on the same cores a wake-up per token.")
 @click.option("--max-request-bytes", type=int, default=ServerLimits.max_body_bytes, show_default=True,
               help="Largest request body; larger ones get 413 before they are read.")
 @click.option("--max-n", type=int, default=ServerLimits.max_n, show_default=True,
@@ -82,7 +86,8 @@ from bessemer.serving.tool_parsers import PARSER_NAMES
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines while an engine is built.")
 @user_errors
 def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_prefix_cache, api_key,
-         model_name, threads, replicas, ray_address, log_level, metrics_prefix, log_stats_interval, max_request_bytes,
+         model_name, threads, replicas, ray_address, log_level, metrics_prefix, log_stats_interval, stream_interval_ms,
+         max_request_bytes,
          max_n, header_timeout, body_timeout, max_prompts, max_prompt_tokens, max_constraint_bytes, max_grammar_rules,
          max_schema_depth, constraint_timeout, speculative, draft_engine, num_speculative_tokens, ngram_max,
          drain_timeout, allowed_origins, allowed_methods, allowed_headers, chat_template_file, tool_call_parser,
@@ -109,6 +114,8 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
         fail(f"--kv-cache-gib must be >= 0, got {kv_cache_gib}")
     if log_stats_interval < 0:
         fail(f"--log-stats-interval must be >= 0, got {log_stats_interval}")
+    if not stream_interval_ms >= 0:
+        fail(f"--stream-interval-ms must be >= 0, got {stream_interval_ms}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     limits = ServerLimits(max_body_bytes=max_request_bytes, max_n=max_n, header_timeout_s=header_timeout,
@@ -141,14 +148,16 @@ def main(engine_dir, host, port, max_num_seqs, max_num_tokens, kv_cache_gib, no_
         serve_replicas(str(engine_dir), replicas, ray_address, host, port, threads, model_name, chat_template,
                        {**step_limits, **run_options}, dict(api_key=api_key, limits=limits,
                                                             metrics_prefix=metrics_prefix, cors=cors,
-                                                            tool_call_parser=tool_call_parser))
+                                                            tool_call_parser=tool_call_parser,
+                                                            stream_interval_s=stream_interval_ms / 1e3))
         return
     from bessemer.serving.server import run
     from bessemer.targets import RunOptions
 
     run(str(engine_dir), host=host, port=port, model_name=model_name, api_key=api_key, log_level=log_level, limits=limits,
         metrics_prefix=metrics_prefix, log_stats_interval=log_stats_interval, cors=cors,
-        chat_template=chat_template, tool_call_parser=tool_call_parser, **step_limits,
+        chat_template=chat_template, tool_call_parser=tool_call_parser, stream_interval_s=stream_interval_ms / 1e3,
+        **step_limits,
         options=RunOptions(num_threads=threads, **run_options))
 
 

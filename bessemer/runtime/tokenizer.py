@@ -186,17 +186,49 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Text of a growing token list, emitted as deltas that never split a UTF-8 character."""
+    """Text of a growing token list, emitted as deltas that never split a UTF-8 character.
+
+    Each update decodes a window rather than the whole list, which cost time in proportion
+    to the length at every token (SmolLM2: ~0.1 ms a token at 384 tokens, on the engine
+    thread, between two steps). The window starts one update back: its tokens are decoded
+    twice, alone (the context) and with the new ones, and the delta is what the new ones
+    add to the context's text. Decoders see a token's neighbours only (byte-level BPE
+    joining bytes, SentencePiece's "▁" and byte fallback, a Strip of the first space,
+    which strips the context's first token in both decodes alike), so that is the whole
+    list's text from where the context ends. Tokens that add no text (a skipped special
+    token) leave the window's start where it was, so that the context always holds text.
+    A window whose text does not extend its context's (a decoder that looks further) is
+    decoded whole, as every update once was."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
+        self._start = 0  # the window's first token: the context runs from here
+        self._read = 0  # tokens whose text is in self.text; the context ends here
 
     def update(self, token_ids: list[int]) -> str:
-        text = self.tokenizer.decode(token_ids, self.skip_special_tokens)
+        if len(token_ids) < self._read:  # fewer tokens than the text holds: start again from the whole list
+            return self._update_whole(token_ids)
+        decode, skip = self.tokenizer.decode, self.skip_special_tokens
+        context = decode(token_ids[self._start:self._read], skip) if self._read > self._start else ""
+        text = decode(token_ids[self._start:], skip)
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more tokens
+            return ""
+        if not text.startswith(context):
+            return self._update_whole(token_ids)
+        delta = text[len(context):]
+        self.text += delta
+        if delta:
+            self._start = self._read
+        self._read = len(token_ids)
+        return delta
+
+    def _update_whole(self, token_ids: list[int]) -> str:
+        text = self.tokenizer.decode(token_ids, self.skip_special_tokens)
+        if text.endswith("\ufffd"):
             return ""
         delta = text[len(self.text):] if text.startswith(self.text) else text
         self.text = text
+        self._start, self._read = 0, len(token_ids)  # the next window: the whole list again, then on as above
         return delta

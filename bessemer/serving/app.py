@@ -35,6 +35,13 @@ from bessemer.serving.limits import ServerLimits
 from bessemer.serving.metrics import ServerMetrics
 from bessemer.serving.streams import Collected, events
 
+# How often the engine hands a non-streamed request's deltas to the event loop (they are
+# read only once the request ends; the metrics count its tokens this much later): not at
+# every token, since each hand-over wakes the loop, which then takes a core from the
+# kernels' threads mid-step (runtime/async_llm.py, add_requests).
+WHOLE_RESPONSE_DELIVERY_S = 0.05
+
+
 def _shutting_down() -> P.ApiError:
     return P.ApiError(503, "the server is shutting down; the request was aborted", "server_error",
                       code="service_unavailable")
@@ -42,12 +49,17 @@ def _shutting_down() -> P.ApiError:
 
 def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None,
               metrics_prefix: str = "bessemer", drain: Drain | None = None, cors: CorsPolicy | None = None,
-              tool_call_parser: str = "auto"):
+              tool_call_parser: str = "auto", stream_interval_s: float = 0.0):
     """`api_key` guards every route but /health; `limits` bound what one request may send
     (serving/limits.py; the defaults without one); `metrics_prefix` names the /metrics series
     ("bessemer" or "vllm", serving/metrics.py); once `drain` begins (SIGTERM, serving/drain.py)
     /health and new generation requests get 503; `cors` says which browser origins may call;
-    `tool_call_parser` is the format of the model's own tool calls (tool_parsers.PARSER_NAMES)."""
+    `tool_call_parser` is the format of the model's own tool calls (tool_parsers.PARSER_NAMES);
+    `stream_interval_s` > 0 sends a stream's tokens together at most that often (the first at
+    once; each token's event unchanged, several in one write): fewer wake-ups of the event
+    loop and the client, which share the cores with the kernels' threads."""
+    if not stream_interval_s >= 0:
+        raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
@@ -135,9 +147,10 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         P.check_model(req.model, model_name)
         return req
 
-    async def start(prompts: list[list[int]], params) -> list[RequestStream]:
+    async def start(prompts: list[list[int]], params, streamed: bool) -> list[RequestStream]:
         """Queues a request's prompts in one engine command (all or none)."""
-        streams = await engine.add_requests(prompts, params)
+        interval_s = stream_interval_s if streamed else WHOLE_RESPONSE_DELIVERY_S
+        streams = await engine.add_requests(prompts, params, interval_s)
         for stream, ids in zip(streams, prompts):
             metrics.request_started(stream, len(ids), params)
         return streams
@@ -185,7 +198,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         # echo with logprobs: the prompt's tokens come back with their logprobs too
         echo_logprobs = req.logprobs if req.echo and req.logprobs is not None else None
         params = req.sampling_params(req.max_tokens, req.logprobs, prompt_logprobs=echo_logprobs)
-        streams = await start(prompts, params)
+        streams = await start(prompts, params, req.stream)
         rid, num_prompt = request_id(req, "cmpl"), sum(len(p) for p in prompts)
 
         def logprobs(entries, token_ids, offset):
@@ -227,7 +240,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                     choice = {"index": i, "text": d.text, "logprobs": lp}
                     yield S.event(chunk([finish(choice, d.finish_reason, d.error)])), len(d.token_ids)
 
-            return sse(chunks(), lambda u: chunk([], usage=u), num_prompt, req.include_usage)
+            return sse(chunks(), streams, lambda u: chunk([], usage=u), num_prompt, req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
         choices = []
@@ -274,7 +287,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         if parse_calls and any(tokenizer.is_special(marker) for marker in call_format.opens):
             # the format's marker is a special token (Mistral's [TOOL_CALLS]): the parser must see it, as in vLLM
             params = dataclasses.replace(params, skip_special_tokens=False)
-        streams = await start([prompt], params)
+        streams = await start([prompt], params, req.stream)
         rid, chunk = request_id(req, "chatcmpl"), "chat.completion.chunk"
 
         def logprobs(entries, token_ids):
@@ -314,7 +327,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
                               "logprobs": logprobs(d.logprobs, d.token_ids) if d.logprobs else None}
                     yield S.event(chunk_of([finish(choice, reason, d.error)])), len(d.token_ids)
 
-            return sse(chunks(), lambda u: chunk_of([], usage=u), len(prompt), req.include_usage)
+            return sse(chunks(), streams, lambda u: chunk_of([], usage=u), len(prompt), req.include_usage)
 
         result = await until_disconnect(request, Collected.gather(streams, params.n, metrics))
         choices = []
@@ -327,25 +340,39 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
             extra["prompt_logprobs"] = P.prompt_logprobs_json(result.prompt_logprobs[0])
         return head(rid, "chat.completion", choices, usage=P.usage(len(prompt), result.num_output_tokens), **extra)
 
-    def sse(chunks, usage_chunk, num_prompt_tokens: int, include_usage: bool):
-        """`chunks` yields (the event's bytes, new token count); closing it (client gone) aborts."""
+    def sse(chunks, streams: list[RequestStream], usage_chunk, num_prompt_tokens: int, include_usage: bool):
+        """`chunks` yields (the event's bytes, new token count); closing it (client gone) aborts.
+        An event whose successor comes without waiting for the engine (the next delta is
+        waiting in `streams`, or they all ended) goes out with it, in one write."""
+        if len(streams) == 1:  # most requests: no generator per token
+            only = streams[0]
+
+            def successor_waits() -> bool:
+                return not (only.ready or only.finished)
+        else:
+            def successor_waits() -> bool:
+                return not (any(s.ready for s in streams) or all(s.finished for s in streams))
+
         async def body():
-            num_output = 0
+            num_output, held = 0, []
             try:
                 async for event, num_tokens in chunks:
                     num_output += num_tokens
-                    yield event
+                    held.append(event)
+                    if successor_waits():
+                        yield b"".join(held)
+                        held.clear()
             except EngineClosedError:  # headers are out: report it the way OpenAI streams errors
-                yield S.event(_shutting_down().body())
+                yield b"".join(held) + S.event(_shutting_down().body())
                 return
             except SequenceFailedError as e:  # this request's own failure; the others go on
-                yield S.event(P.error_body(str(e), 'server_error'))
+                yield b"".join(held) + S.event(P.error_body(str(e), 'server_error'))
                 return
             finally:
                 await chunks.aclose()
             if include_usage:
-                yield S.event(usage_chunk(P.usage(num_prompt_tokens, num_output)))
-            yield S.DONE
+                held.append(S.event(usage_chunk(P.usage(num_prompt_tokens, num_output))))
+            yield b"".join(held) + S.DONE
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -28,7 +28,7 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
         api_key: str | None = None, log_level: str = "info", limits: ServerLimits | None = None,
         metrics_prefix: str = "bessemer", log_stats_interval: float = 10.0, cors: CorsPolicy | None = None,
         chat_template: str | None = None, tool_call_parser: str = "auto", max_num_seqs: int | None = None,
-        max_num_tokens: int | None = None, options: RunOptions = RunOptions()) -> None:
+        max_num_tokens: int | None = None, options: RunOptions = RunOptions(), stream_interval_s: float = 0.0) -> None:
     """`options`: how the engine runs (targets/__init__.py: threads, KV budget, prefix
     caching, speculative decoding, constraint limits, ...); `max_num_seqs` and
     `max_num_tokens` lower the scheduler's per-step limits; `limits` bound what one request
@@ -36,7 +36,8 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
     "vllm"); a stats line is logged every `log_stats_interval` seconds of activity (0: never);
     `cors` lets browser pages of other origins call the server (serving/cors.py);
     `chat_template` (Jinja text) replaces the engine's own; `tool_call_parser` names the
-    format of the model's tool calls (serving/tool_parsers.py; "auto" reads the template)."""
+    format of the model's tool calls (serving/tool_parsers.py; "auto" reads the template);
+    `stream_interval_s` > 0 sends a stream's tokens together at most that often (serving/app.py)."""
     import uvicorn
 
     # The kernels' threads wait and give way to other work by bessemer/thread_policy.py, set
@@ -69,7 +70,8 @@ def run(engine_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: 
         engine.llm.tokenizer.chat_template = chat_template
     try:
         app = build_app(engine, model_name or Path(engine_dir).resolve().name, api_key, limits, metrics_prefix,
-                        drain=drain, cors=cors, tool_call_parser=tool_call_parser)
+                        drain=drain, cors=cors, tool_call_parser=tool_call_parser,
+                        stream_interval_s=stream_interval_s)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
                                 timeout_graceful_shutdown=10,
                                 http=guarded_protocol(limits.header_timeout_s, limits.max_header_bytes),
