@@ -128,10 +128,11 @@ def int4_grid(w: np.ndarray, group: int, zero_point: bool, importance: np.ndarra
 
 
 # The divisors the output-error search tries: the window around Q4_0's 8 where its best scales
-# fall. Each candidate costs two (group x group) products per group of every row, in NumPy: on
-# Qwen3-30B-A3B's expert gate/up (1536 x 2048) 9 of them cost 0.9 CPU-s per expert (the native
-# plain search: 0.1), all 33 about 3x that, and the 9's error on the calibration rows came
-# within 5% of all 33's (0.409 vs 0.388 of RTN's, 0.935 vs 0.904; 14-94 routed rows).
+# fall. Each candidate costs two (group x group) products per group of every row: on
+# Qwen3-30B-A3B's expert gate/up (1536 x 2048) 9 of them cost 0.9 CPU-s per expert in NumPy
+# (int4_symmetric_scales_for_inputs_reference; the plain search included), 0.1 in native code
+# (plus the plain search's 0.1), all 33 about 3x that, and the 9's error on the calibration
+# rows came within 5% of all 33's (0.409 vs 0.388 of RTN's, 0.935 vs 0.904; 14-94 routed rows).
 OUTPUT_SEARCH_DIVISORS = np.linspace(6.5, 9.0, 9)
 
 
@@ -174,8 +175,28 @@ def _output_error(gt: np.ndarray, moments: np.ndarray, scale: np.ndarray) -> np.
     return np.einsum("gni,gni->gn", _times_moments(e, moments), e)
 
 
-def int4_symmetric_scales_for_inputs(w: np.ndarray, group: int, moments: np.ndarray) -> np.ndarray:
-    """Scales (N, K // group), bf16 values, minimising each group's output error
+def int4_symmetric_scales_for_inputs(w: np.ndarray, group: int, moments: np.ndarray, threads: int = 0) -> np.ndarray:
+    """Scales (N, K // group), bf16 values, minimising each group's output error e^T M e on
+    the calibration rows (moments: group_second_moments (K // group, group, group)): the search
+    int4_symmetric_scales_for_inputs_reference states, run in native code on `threads` threads
+    (0: one per core; bessemer._C, targets/cpu/csrc/kernels/int4_output_search.cpp). The
+    native sums run in another order than NumPy's einsum, so a refit near a bf16 rounding midpoint may round the other way: there
+    the native search tries both neighbours, so it keeps the reference's candidates and may
+    find a better one. Contract (tests/test_scale_search.py): each group's chosen scale has an
+    output error at most the reference choice's x (1 + 1e-5), and >= 99% of the scales are the
+    same (measured: 99.94%). Per Qwen3-30B-A3B expert gate/up (1536 x 2048, g32): 0.1 CPU-s
+    for the native output search and 0.1 for the plain search it starts from, against the
+    reference's 0.9 for both; down (2048 x 768) half that."""
+    from bessemer import _C
+
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    return _C.int4_output_error_scale_search(w, group, np.ascontiguousarray(moments, dtype=np.float32),
+                                             int4_symmetric_scales(w, group), OUTPUT_SEARCH_DIVISORS, threads)
+
+
+def int4_symmetric_scales_for_inputs_reference(w: np.ndarray, group: int, moments: np.ndarray) -> np.ndarray:
+    """int4_symmetric_scales_for_inputs in NumPy, the oracle its native search is tested
+    against: scales (N, K // group), bf16 values, minimising each group's output error
     e^T M e on the calibration rows (moments: group_second_moments). Candidates: the plain
     search's scales (int4_symmetric_scales: RTN's grid, so no group does worse than RTN on
     this error) and, for each divisor d of OUTPUT_SEARCH_DIVISORS, the least-squares scale
