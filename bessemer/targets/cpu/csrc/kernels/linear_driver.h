@@ -88,43 +88,52 @@ struct LinearBlocks {
 //   void block(Thread&, m_blk, rows, k0, kc, kb)             prepare one row x K block
 //   void group(Thread&, p0, ncols, k0, last_k_block)         point at panels p0.. of the block
 //   void rows(Thread&, m0, mr, nr)                           one microkernel call
-// and its per-thread state type F::Thread.
+// and its per-thread state type F::Thread. linear_run_thread is thread tid's share of them.
 template <class F>
-inline void linear_run(const F& f, int M, int N, int K, const LinearWork& w, const LinearBlocks& b) {
+inline void linear_run_thread(const F& f, int M, int N, int K, const LinearWork& w, const LinearBlocks& b, int tid) {
     const int MR = f.MR, NR = w.NR;
-#pragma omp parallel num_threads(w.T) if (w.T > 1)
-    {
-        const int tid = w.T > 1 ? omp_get_thread_num() : 0;
-        int ga = 0, gb = w.G, ma = 0, mb = M;
-        if (w.T > 1) {
-            if (w.split_rows) {
-                const int chunks = (M + MR - 1) / MR;
-                ma = drv_min(M, int(int64_t(chunks) * tid / w.T) * MR);
-                mb = drv_min(M, int(int64_t(chunks) * (tid + 1) / w.T) * MR);
-            } else {
-                ga = int(int64_t(w.G) * tid / w.T);
-                gb = int(int64_t(w.G) * (tid + 1) / w.T);
-            }
+    int ga = 0, gb = w.G, ma = 0, mb = M;
+    if (w.T > 1) {
+        if (w.split_rows) {
+            const int chunks = (M + MR - 1) / MR;
+            ma = drv_min(M, int(int64_t(chunks) * tid / w.T) * MR);
+            mb = drv_min(M, int(int64_t(chunks) * (tid + 1) / w.T) * MR);
+        } else {
+            ga = int(int64_t(w.G) * tid / w.T);
+            gb = int(int64_t(w.G) * (tid + 1) / w.T);
         }
-        // activation buffer on the stack: no allocation per call
-        const int rows_max = drv_min(b.Mc, drv_max(mb - ma, 1));
-        char* raw = static_cast<char*>(alloca(size_t(f.thread_bytes(rows_max)) + 64));
-        char* buf = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 63) & ~uintptr_t(63));
-        typename F::Thread t;
-        f.begin(t, w, buf, rows_max);
-        for (int m_blk = ma; m_blk < mb; m_blk += b.Mc) {
-            const int m_end = drv_min(mb, m_blk + b.Mc);
-            for (int kb = 0; kb < b.nkb; ++kb) {
-                const int k0 = kb * b.kc, kcur = drv_min(b.kc, K - k0);
-                f.block(t, m_blk, m_end - m_blk, k0, kcur, kb);
-                for (int g = ga; g < gb; ++g) {
-                    const int p0 = g * NR, nr = drv_min(NR, w.P - p0);
-                    f.group(t, p0, drv_min(N - 16 * p0, nr * 16), k0, kb == b.nkb - 1);
-                    for (int m0 = m_blk; m0 < m_end; m0 += MR) f.rows(t, m0, drv_min(MR, m_end - m0), nr);
-                }
+    }
+    // activation buffer on the stack: no allocation per call
+    const int rows_max = drv_min(b.Mc, drv_max(mb - ma, 1));
+    char* raw = static_cast<char*>(alloca(size_t(f.thread_bytes(rows_max)) + 64));
+    char* buf = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 63) & ~uintptr_t(63));
+    typename F::Thread t;
+    f.begin(t, w, buf, rows_max);
+    for (int m_blk = ma; m_blk < mb; m_blk += b.Mc) {
+        const int m_end = drv_min(mb, m_blk + b.Mc);
+        for (int kb = 0; kb < b.nkb; ++kb) {
+            const int k0 = kb * b.kc, kcur = drv_min(b.kc, K - k0);
+            f.block(t, m_blk, m_end - m_blk, k0, kcur, kb);
+            for (int g = ga; g < gb; ++g) {
+                const int p0 = g * NR, nr = drv_min(NR, w.P - p0);
+                f.group(t, p0, drv_min(N - 16 * p0, nr * 16), k0, kb == b.nkb - 1);
+                for (int m0 = m_blk; m0 < m_end; m0 += MR) f.rows(t, m0, drv_min(MR, m_end - m0), nr);
             }
         }
     }
+}
+
+// One thread runs the loops on the calling thread, outside any parallel region: an OpenMP
+// region of one thread still costs a team's set-up per call (and a nested team's when the
+// caller is itself in a region: the experts' small-batch path calls one per 64-row slice).
+template <class F>
+inline void linear_run(const F& f, int M, int N, int K, const LinearWork& w, const LinearBlocks& b) {
+    if (w.T == 1) {
+        linear_run_thread(f, M, N, K, w, b, 0);
+        return;
+    }
+#pragma omp parallel num_threads(w.T)
+    linear_run_thread(f, M, N, K, w, b, omp_get_thread_num());
 }
 
 // One call of family f over y[M, N] = x[M, K] @ W^T: its work split, its blocks, the loops.
