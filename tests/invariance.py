@@ -12,6 +12,9 @@ from bessemer.runtime.sampling_params import SamplingParams
 
 MAX_TOKENS = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+# GREEDY without prompt logprobs: a request that asks for them computes every prompt row and
+# takes no block from the prefix cache (runtime/scheduler.py), so a hit is asked with this
+HIT = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
 
 
 def result(seq) -> tuple:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import WIKITEXT, build_once
-from invariance import MAX_TOKENS, prompts, run_alone, run_mixed
+from invariance import HIT, MAX_TOKENS, prompts, run_alone, run_mixed
 
 from bessemer.runtime.llm import LLM
 
@@ -118,12 +118,16 @@ def test_a_request_is_bit_identical_alone_batched_cached_and_chunked(engine):
     assert run_mixed(one_thread, target, prompts(rng, vocab, 5, 1, 40), rng) == want, "1 thread, in a batch of 6"
 
     # prefix cache: the same prompt again (a hit on its full blocks), and a prompt sharing its
-    # first 32 tokens, against that prompt alone on an engine without the cache
+    # first 32 tokens, against that prompt alone on an engine without the cache; the hits are
+    # asked without prompt logprobs (HIT), the only requests that read the cache, and counted
     cached = LLM(engine_dir, num_threads=2, isa=isa, enable_prefix_caching=True)
-    assert run_alone(cached, target) == want, "prefix-cache miss"
-    assert run_alone(cached, target) == want, "prefix-cache hit"
-    sibling = target[:32] + prompts(rng, vocab, 1, 5, 10)[0]
-    assert run_alone(cached, sibling) == run_alone(fresh, sibling), "prefix-cache hit on a shared prefix"
+    assert run_alone(cached, target) == want, "prefix cache on (a request with prompt logprobs: not read)"
+    bs, hits = cached.block_size, cached.blocks.num_hit_tokens
+    assert run_alone(cached, target, HIT)[:2] == want[:2], "prefix-cache hit"
+    assert cached.blocks.num_hit_tokens - hits == (len(target) - 1) // bs * bs, "the prompt's full blocks hit"
+    sibling, hits = target[:32] + prompts(rng, vocab, 1, 5, 10)[0], cached.blocks.num_hit_tokens
+    assert run_alone(cached, sibling, HIT)[:2] == run_alone(fresh, sibling, HIT)[:2], "hit on a shared prefix"
+    assert cached.blocks.num_hit_tokens - hits == 32 // bs * bs, "the shared prefix's full blocks hit"
 
 
 def test_a_long_request_is_bit_identical_alone_batched_and_chunked(long_engine):

@@ -5,7 +5,8 @@ prefill chunks: the GEMMs' 64-row instantiations instead of the 16-row split-K o
 prefill in other chunks (other prefill tiles), with its last prompt tokens one a step (alone in
 their steps: through the decode attention kernel and its two splits instead of a prefill tile;
 a decode that merged its splits otherwise than the prefill tile merges its key blocks fails
-here), and after a prefix-cache hit.
+here), and after a prefix-cache hit (its tokens and logprobs: a request that asks for prompt
+logprobs reads nothing from the cache, so the hit is asked without them, and counted).
 
 The engine: tiny Gemma 3 in w4a16 g32 (a sliding-window layer, window 6, and a full one; int4
 linears whose K of 64 and 128 the decode bucket cuts into 2 and 4 parts; the tied int8 lm_head;
@@ -30,6 +31,21 @@ from bessemer.runtime.sampling_params import SamplingParams
 
 # 3 tokens: every step the interpreter runs costs about a second
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+# the same without prompt logprobs: a request asking for them computes every prompt row and
+# takes no block from the prefix cache (runtime/scheduler.py), so only this one can hit
+HIT = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3)
+
+
+def run_mixed_then_hit(llm: LLM, target: list[int], others: list[list[int]], rng, hit_tokens: int) -> tuple:
+    """(`target` in a batch of `others`, then alone: its tokens and logprobs) on an engine with
+    the prefix cache. The batch leaves the target's full KV blocks in the cache (registered
+    once its prompt logprobs are computed); alone, it must take `hit_tokens` of its prompt from
+    there and compute the rest: its last prompt token a decode row beside cached keys."""
+    mixed = run_mixed(llm, target, others, rng, GREEDY)
+    hits = llm.blocks.num_hit_tokens
+    tokens, logprobs, _ = run_alone(llm, target, HIT)
+    assert llm.blocks.num_hit_tokens - hits == hit_tokens, "the prefix cache was not hit"
+    return mixed, (tokens, logprobs)
 
 
 def run_with_decode_rows(llm: LLM, target: list[int], first: int) -> tuple:
@@ -67,16 +83,14 @@ def test_a_request_is_bit_identical_alone_batched_chunked_and_cached(run_dir):
     want = run_alone(fresh, target, GREEDY)
     assert len(want[0]) == 3 and len(want[2]) == len(target)
 
-    got = run_mixed(fresh, target, prompts(rng, fresh.vocab_size, 3, 1, 20), rng, GREEDY)
-    assert got == want, "alone vs in a batch of 4"
-
     fresh.llm_engine.set_limits(None, 16)
     assert run_alone(fresh, target, GREEDY) == want, "prefill in chunks of 16 tokens"
     assert run_with_decode_rows(fresh, target, 60) == want, "prompt tokens 61-69 one a step"
 
     cached = LLM(engine, interpret=True, enable_prefix_caching=True)
-    assert run_alone(cached, target, GREEDY) == want, "prefix-cache miss"
-    assert run_alone(cached, target, GREEDY) == want, "prefix-cache hit: the last prompt token a decode row"
+    mixed, hit = run_mixed_then_hit(cached, target, prompts(rng, cached.vocab_size, 3, 1, 20), rng, 68)
+    assert mixed == want, "alone vs in a batch of 4 (prefix cache on; the target's miss)"
+    assert hit == want[:2], "prefix-cache hit on 68 tokens: the last prompt token a decode row"
 
 
 def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cached(run_dir):
@@ -85,7 +99,7 @@ def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cach
     (per-token E4M3 activation scales inside the GEMM; down_proj's K of 128 split in two at
     decode) and a tiny Qwen3-MoE with w4a16 experts (tokens grouped by expert: a token's
     expert tile holds whichever other tokens that expert got). Alone vs in a batch of 4 (its
-    prefill beside their decodes) and from the prefix cache."""
+    prefill beside their decodes) and after a prefix-cache hit."""
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig
 
@@ -102,8 +116,7 @@ def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cach
         fresh = LLM(engine, interpret=True, enable_prefix_caching=False)
         target = prompts(rng, fresh.vocab_size, 1, 21, 22)[0]
         want = run_alone(fresh, target, GREEDY)
-        got = run_mixed(fresh, target, prompts(rng, fresh.vocab_size, 3, 1, 12), rng, GREEDY)
-        assert got == want, f"{name}: alone vs in a batch of 4"
         cached = LLM(engine, interpret=True, enable_prefix_caching=True)
-        assert run_alone(cached, target, GREEDY) == want, f"{name}: prefix-cache miss"
-        assert run_alone(cached, target, GREEDY) == want, f"{name}: prefix-cache hit"
+        mixed, hit = run_mixed_then_hit(cached, target, prompts(rng, cached.vocab_size, 3, 1, 12), rng, 20)
+        assert mixed == want, f"{name}: alone vs in a batch of 4"
+        assert hit == want[:2], f"{name}: prefix-cache hit on 20 tokens"

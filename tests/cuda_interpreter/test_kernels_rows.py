@@ -358,3 +358,24 @@ def test_builtins_found_once_are_patched_as_the_interpreter_finds_them():
     for enclosing in (False, True):
         got, want = patched(enclosing)
         assert got == want and len(got) > (0 if enclosing else 100), enclosing
+
+
+def test_remembered_np_dtypes_and_lazy_tuple_names_equal_the_interpreters():
+    """The other speed fixes of interpreter.enable(): the NumPy dtype of every scalar, block
+    and pointer type is the one the interpreter's own function (kept as __wrapped__) gives,
+    asked twice (computed, then remembered); a tuple type's name is the one triton 3.6 formats
+    in tuple_type.__init__ (these strings, a block's shape as its tl.tuple prints)."""
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    original = interp._get_np_dtype.__wrapped__
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+               tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv, tl.float8e4b15]
+    types = scalars + [tl.block_type(s, [4, 8]) for s in scalars] + [tl.pointer_type(tl.float32),
+                                                                     tl.block_type(tl.pointer_type(tl.bfloat16), [16])]
+    for _ in range(2):
+        assert [interp._get_np_dtype(t) for t in types] == [original(t) for t in types]
+    shape = tl.tuple([tl.constexpr(4), tl.constexpr(8)])
+    assert shape.type.name == str(shape.type) == "[:constexpr_type[4],:constexpr_type[8]]"
+    named = tl.core.tuple_type([tl.float32, tl.block_type(tl.int8, [2])], ["a", "b"])
+    assert named.name == str(named) == "[a:fp32,b:<['2'], int8>]"

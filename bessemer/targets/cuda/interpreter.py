@@ -12,10 +12,14 @@ from the GPU in four ways this module fixes:
 - with NumPy >= 2.4 a loop bound or index loaded from memory fails to convert to int.
 And one guard: bf16 arithmetic, which it computes on bit patterns, raises instead of
 giving silent garbage (the kernels convert loads to fp32 before any arithmetic).
-One speed fix: the interpreter patches triton.language's builtins before every launch and
-every call of a @triton.jit helper inside a kernel, finding them each time with
-inspect.getmembers over the language modules, a fifth of an interpreted plan's time; the
-names of the builtins are found once here (what is patched, and in which order, is the same).
+Speed fixes (what is computed stays the same): the interpreter patches triton.language's
+builtins before every launch and every call of a @triton.jit helper inside a kernel, finding
+them each time with inspect.getmembers over the language modules, a fifth of an interpreted
+plan's time; the names of the builtins are found once here (what is patched, and in which
+order, is the same). Its NumPy dtype of a Triton type builds a dict of every type on each of
+its tens of thousands of calls a step, and every tl.tuple (each tensor's shape is one) formats
+its type's name eagerly: together about a sixth of an interpreted step; the dtypes are
+remembered per element type here, and a tuple type's name is formatted when it is read.
 
 Bit for bit, then, the interpreter computes what the GPU computes where the kernels use
 only exactly rounded fp32 operations in a fixed order: loads, stores, conversions,
@@ -112,9 +116,40 @@ def enable() -> None:
     builder.create_dot = create_dot
     builder.binary_op = binary_op
     interp._patch_builtin = patch_builtin
+    interp._get_np_dtype = _remembered_np_dtypes(interp._get_np_dtype, tl)
+    _format_tuple_type_names_when_read(tl.core.tuple_type)
     interp._convert_float = convert_float
     interp._patch_lang_tensor = patch_lang_tensor
     setattr(interp, _MARK, True)
+
+
+def _remembered_np_dtypes(np_dtype_of, tl):
+    """np_dtype_of (the interpreter's Triton type -> NumPy storage dtype), remembered per
+    element type: a block's dtype is its element's, a pointer's uint64 (unhashable: not kept)."""
+    import functools
+
+    known: dict = {}
+
+    @functools.wraps(np_dtype_of)
+    def remembered(tt_dtype):
+        element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(element, tl.pointer_type):
+            return np_dtype_of(element)
+        if element not in known:
+            known[element] = np_dtype_of(element)
+        return known[element]
+
+    return remembered
+
+
+def _format_tuple_type_names_when_read(tuple_type) -> None:
+    """tuple_type.name as triton formats it, computed on each read instead of in __init__."""
+    def __init__(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [''] * len(types)
+
+    tuple_type.__init__ = __init__
+    tuple_type.name = property(lambda self: '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']')
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
