@@ -131,7 +131,7 @@ inline __m512 load_params(const float* p, int64_t i, int pbytes) {
 }
 
 // sum of n bf16 values as fp32.
-__attribute__((always_inline)) inline float sum_bf16(const uint16_t* p, int n) {
+inline float sum_bf16(const uint16_t* p, int n) {
     __m512 s = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -158,163 +158,14 @@ inline __m512 times_u8(__m512 v, const void* p) {
     return _mm512_mul_ps(v, c);
 }
 
-// acc[i][r][n] += row r x panel n of the 8 columns [k + i G, k + i G + 8) of the codes at wp:
-// one 64-byte block per panel of each of GI groups, whose independent chains interleave
-// (at M = 1 one group's NR chains of dependent vdpbf16ps leave the FMA pipes mostly idle).
-// Each chain takes its k pairs in the same order whatever GI, MR and NR (batch invariance).
-template <int GI, int MR, int NR, bool K8>
-inline void dot_block8(__m512 (&acc)[GI][MR][NR], const char* const* wp, const uint16_t* const* xr, int k, int G,
-                       const DecodeConsts& dc) {
-    __m512i blk[GI][NR];
-#pragma GCC unroll 4
-    for (int i = 0; i < GI; ++i)
-#pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) blk[i][n] = _mm512_loadu_si512(wp[n] + (k + i * G) * 8);
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p)
-#pragma GCC unroll 4
-        for (int i = 0; i < GI; ++i) {
-            __m512bh wv[NR];
-#pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[i][n], p, dc);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) {
-                const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + i * G + 2 * p);
-#pragma GCC unroll 4
-                for (int n = 0; n < NR; ++n) acc[i][r][n] = _mm512_dpbf16_ps(acc[i][r][n], wv[n], xv);
-            }
-        }
-}
-
-// The last rem (< 8) columns [k, k + rem) of a group that is not a multiple of 8 (G == K,
-// panel16_int4 only): codes past them load as 0, the x pad past an odd end is 0.
-template <int MR, int NR, bool K8>
-inline void dot_tail(__m512 (&acc)[MR][NR], const char* const* wp, const uint16_t* const* xr, int k, int rem,
-                     const DecodeConsts& dc) {
-    const __mmask64 m = (__mmask64(1) << (rem * 8)) - 1;
-    __m512i blk[NR];
-#pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) blk[n] = _mm512_maskz_loadu_epi8(m, wp[n] + k * 8);
-    for (int p = 0; 2 * p < rem; ++p) {
-        __m512bh wv[NR];
-#pragma GCC unroll 4
-        for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[n], p, dc);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
-#pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xv);
-        }
-    }
-}
-
-// GEMV prefetch (as in linear_quant_avx512.cpp): the next panel group's codes at the same k
-// (one cache line = 8 k of a panel), and its quantization parameters of this K block, sparse
-// reads the hardware prefetcher does not follow: a line of them (two where they outnumber
-// the steps; at most two) per step of 8 k, its NR panels' lines in turn.
-struct ParamPrefetch {
-    const char* s;        // the next panel group's scales at this K block (its first panel)
-    const char* o;        // offsets likewise; null when there are none (SYM)
-    int64_t panel_bytes;  // bytes between its panels
-    int panel_lines;      // lines of one panel's parameters of this K block
-    int lines;            // NR * panel_lines, 0 when no prefetch
-    int per_step;         // lines per step of 8 k: 1 or 2
-};
-
-template <int NR, int MODE>
-inline ParamPrefetch param_prefetch(const UkArgs& a) {
-    ParamPrefetch q;
-    const int64_t first = int64_t(NR) * a.qpstride;  // elements to the next group's first panel
-    q.s = reinterpret_cast<const char*>(param_at(a.qs, first, a.pbytes));
-    q.o = MODE == PK_SYM ? nullptr : reinterpret_cast<const char*>(param_at(a.qo, first, a.pbytes));
-    q.panel_bytes = a.qpstride * a.pbytes;
-    // this K block's parameter elements of a panel: 16 per group (per super-block when TWO_LEVEL)
-    const int64_t bytes = int64_t(a.kc / a.group) * 16 * a.pbytes;
-    q.panel_lines = int((bytes + 63) / 64);
-    q.lines = a.pf_next ? NR * q.panel_lines : 0;
-    const int steps = (a.kc + 7) / 8;
-    q.per_step = q.lines > steps ? 2 : 1;
-    return q;
-}
-
-// always_inline: GCC deems a function of nothing but prefetches pure and drops calls to it.
-template <int NR, int MODE>
-__attribute__((always_inline)) inline void prefetch_next_group(const UkArgs& a, const ParamPrefetch& q,
-                                                               const char* const* wp, int k) {
-#pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);
-#pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
-        const int line = (k / 8) * q.per_step + j;
-        if (j >= q.per_step || line >= q.lines) break;
-        const int64_t at = line / q.panel_lines * q.panel_bytes + int64_t(line % q.panel_lines) * 64;
-        _mm_prefetch(q.s + at, _MM_HINT_T0);
-        if (MODE != PK_SYM) _mm_prefetch(q.o + at, _MM_HINT_T0);
-    }
-}
-
-// y of group g (rows xr, accumulators acc): the per-group epilogue at the top of the file.
-// d16 / ndmin (TWO_LEVEL): the current super-block's, reloaded at its first sub-block.
-template <int MR, int NR, int MODE>
-inline void finish_group(const UkArgs& a, const __m512 (&acc)[MR][NR], const uint16_t* const* xr, int g, int ng,
-                         int G, int per, __m512 (&d16)[NR], __m512 (&ndmin)[NR]) {
-    constexpr bool SYM = MODE == PK_SYM;
-    const int k0 = g * G;
-    float sx[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
-    const bool load_y = g > 0 || a.accumulate;
-    const float* bias = g == ng - 1 ? a.bias : nullptr;
-#pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) {
-        const int col0 = n * 16;
-        const int nc = a.ncols - col0;
-        if (nc <= 0) break;
-        const __mmask16 mask = simd512::panel_mask(nc);
-        // panel16 params: padded to whole panels
-        __m512 s16, o;
-        const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
-        if (MODE == PK_TWO_LEVEL) {  // sub-block g: super-block g / per, codes at byte (g % per) * 16
-            const int64_t pi = n * a.qpstride + (g / per) * 16;
-            const int64_t sub = pi * per + (g % per) * 16;
-            if (g % per == 0) {  // 16 d and -dmin are exact: (16 d) sc = 16 (d sc), (-dmin) m = -(dmin m)
-                d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
-                ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
-            }
-            s16 = times_u8(d16[n], reinterpret_cast<const uint8_t*>(a.qs) + sub);
-            o = times_u8(ndmin[n], reinterpret_cast<const uint8_t*>(a.qo) + sub);
-        } else {
-            const int64_t pi = n * a.qpstride + g * 16;
-            s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
-            o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            __m512 v;
-            if (SYM) {  // w = s (c - 8): y += 16 s (acc - 1.5 sx), see the top of the file
-                v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], _mm512_set1_ps(1.5f * sx[r])), s16, b);
-            } else {
-                const __m512 sb = _mm512_set1_ps(sx[r]);
-                v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], sb), s16, _mm512_fmadd_ps(o, sb, b));
-            }
-            simd512::store_row16(a.y + r * a.ldy + col0, mask, v, load_y);
-        }
-    }
-}
-
-// Groups whose chains interleave (dot_block8): two while their accumulators leave room for
-// the codes and the decode constants in the 32 zmm registers.
-constexpr int groups_in_flight(int MR, int NR) { return MR * NR <= 8 ? 2 : 1; }
-
 // One call covers a.kc columns (a.kc / G groups) of MR rows x NR panels; a.x is the driver's
 // bf16 block (row stride a.ldx elements, even, zero pad), a.w the codes at its first k.
 // K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block). SYM: symmetric
 // codes, w = s (c - 8): a.qo is null and never read. TWO_LEVEL: a.group is the super-block
 // (the driver's unit for the parameter pointers), the loop's groups are its sub-blocks of 32.
-// Groups are finished (added to y) in order, each from its own accumulators.
 template <int MR, int NR, bool K8, int MODE>
 void ukr_w4_bf16(const UkArgs& a) {
-    constexpr int GI = groups_in_flight(MR, NR);
+    constexpr bool SYM = MODE == PK_SYM;
     const DecodeConsts dc = decode_consts();
     const uint16_t* xr[MR];
 #pragma GCC unroll 8
@@ -323,9 +174,16 @@ void ukr_w4_bf16(const UkArgs& a) {
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
     const int G = MODE == PK_TWO_LEVEL ? 32 : a.group, ng = a.kc / G;
-    const int per = MODE == PK_TWO_LEVEL ? a.group / 32 : 1;  // groups per parameter element
+    const int per = a.group / 32;  // TWO_LEVEL: sub-blocks per super-block
+    // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel).
+    const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
+    const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
+    const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
+    const int lines = (a.kc + 7) / 8;
+    const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
     // TWO_LEVEL: each panel's 16 d (times 16) and -dmin of the current super-block, widened
-    // from fp16 once per super-block; GEMV prefetches the next panel group's.
+    // from fp16 once per super-block; GEMV prefetches the next panel group's (sparse reads
+    // the hardware prefetcher does not follow, like the sub-block codes above).
     __m512 d16[NR], ndmin[NR];
     if (MODE == PK_TWO_LEVEL && a.pf_next) {
         const int64_t bytes = int64_t(a.kc / a.group) * 32;  // fp16 x 16 rows per super-block
@@ -335,42 +193,102 @@ void ukr_w4_bf16(const UkArgs& a) {
                 _mm_prefetch(reinterpret_cast<const char*>(a.qdo + (NR + n) * a.qpstride) + b, _MM_HINT_T0);
             }
     }
-    const ParamPrefetch pq = param_prefetch<NR, MODE>(a);
-    int g = 0;
-    if (GI > 1 && G % 8 == 0)
-        for (; g + GI <= ng; g += GI) {
-            __m512 acc[GI][MR][NR];
-#pragma GCC unroll 4
-            for (int i = 0; i < GI; ++i)
-#pragma GCC unroll 8
-                for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-                    for (int n = 0; n < NR; ++n) acc[i][r][n] = _mm512_setzero_ps();
-            const int k0 = g * G;
-            for (int k = k0; k < k0 + G; k += 8) {
-                if (a.pf_next)
-#pragma GCC unroll 4
-                    for (int i = 0; i < GI; ++i) prefetch_next_group<NR, MODE>(a, pq, wp, k + i * G);
-                dot_block8<GI, MR, NR, K8>(acc, wp, xr, k, G, dc);
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < GI; ++i) finish_group<MR, NR, MODE>(a, acc[i], xr, g + i, ng, G, per, d16, ndmin);
-        }
-    for (; g < ng; ++g) {
-        __m512 acc[1][MR][NR];
+    // One chain of vdpbf16ps per output tile for every MR: extra accumulators for small MR
+    // (fewer dependent steps at M = 1) would sum a row's k in another order than when the
+    // row is in a larger batch (batch invariance, linear_driver.h).
+    for (int g = 0; g < ng; ++g) {
+        __m512 acc[MR][NR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) acc[0][r][n] = _mm512_setzero_ps();
+            for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_setzero_ps();
         const int k0 = g * G, k1 = k0 + G;
-        int k = k0;
-        for (; K8 || k + 8 <= k1; k += 8) {
-            if (K8 && k >= k1) break;
-            if (a.pf_next) prefetch_next_group<NR, MODE>(a, pq, wp, k);
-            dot_block8<1, MR, NR, K8>(acc, wp, xr, k, G, dc);
+        for (int k = k0; k < k1; k += 8) {
+            __m512i blk[NR];
+            if (K8 || k + 8 <= k1) {
+                if (a.pf_next) {
+#pragma GCC unroll 4
+                    for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);
+                    const int64_t i0 = (k / 8) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
+                    for (int64_t i = i0; i < i1; i += 16) {
+                        _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_s, i, a.pbytes)), _MM_HINT_T0);
+                        if (!SYM) _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_o, i, a.pbytes)), _MM_HINT_T0);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int n = 0; n < NR; ++n) blk[n] = _mm512_loadu_si512(wp[n] + k * 8);
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; ++p) {
+                    __m512bh wv[NR];
+#pragma GCC unroll 4
+                    for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[n], p, dc);
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; ++r) {
+                        const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
+#pragma GCC unroll 4
+                        for (int n = 0; n < NR; ++n)
+                            acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xv);
+                    }
+                }
+            } else {  // last (k1 - k) < 8 columns of a group that is not a multiple of 8 (G == K):
+                      // codes past k1 load as 0, the x pad past an odd k1 is 0
+                const int rem = k1 - k;
+                const __mmask64 m = (__mmask64(1) << (rem * 8)) - 1;
+#pragma GCC unroll 4
+                for (int n = 0; n < NR; ++n) blk[n] = _mm512_maskz_loadu_epi8(m, wp[n] + k * 8);
+                for (int p = 0; 2 * p < rem; ++p) {
+                    __m512bh wv[NR];
+#pragma GCC unroll 4
+                    for (int n = 0; n < NR; ++n) wv[n] = decode<K8>(blk[n], p, dc);
+#pragma GCC unroll 8
+                    for (int r = 0; r < MR; ++r) {
+                        const __m512bh xv = (__m512bh)bcast_pair(xr[r] + k + 2 * p);
+#pragma GCC unroll 4
+                        for (int n = 0; n < NR; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], wv[n], xv);
+                    }
+                }
+            }
         }
-        if (k < k1) dot_tail<MR, NR, K8>(acc[0], wp, xr, k, k1 - k, dc);
-        finish_group<MR, NR, MODE>(a, acc[0], xr, g, ng, G, per, d16, ndmin);
+        float sx[MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
+        const bool load_y = g > 0 || a.accumulate;
+        const float* bias = g == ng - 1 ? a.bias : nullptr;
+#pragma GCC unroll 4
+        for (int n = 0; n < NR; ++n) {
+            const int col0 = n * 16;
+            const int nc = a.ncols - col0;
+            if (nc <= 0) break;
+            const __mmask16 mask = simd512::panel_mask(nc);
+            // panel16 params: padded to whole panels
+            __m512 s16, o;
+            const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
+            if (MODE == PK_TWO_LEVEL) {  // sub-block g: super-block g / per, codes at byte (g % per) * 16
+                const int64_t pi = n * a.qpstride + (g / per) * 16;
+                const int64_t sub = pi * per + (g % per) * 16;
+                if (g % per == 0) {  // 16 d and -dmin are exact: (16 d) sc = 16 (d sc), (-dmin) m = -(dmin m)
+                    d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
+                    ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
+                }
+                s16 = times_u8(d16[n], reinterpret_cast<const uint8_t*>(a.qs) + sub);
+                o = times_u8(ndmin[n], reinterpret_cast<const uint8_t*>(a.qo) + sub);
+            } else {
+                const int64_t pi = n * a.qpstride + g * 16;
+                s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
+                o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                __m512 v;
+                if (SYM) {  // w = s (c - 8): y += 16 s (acc - 1.5 sx), see the top of the file
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], _mm512_set1_ps(1.5f * sx[r])), s16, b);
+                } else {
+                    const __m512 sb = _mm512_set1_ps(sx[r]);
+                    v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], sb), s16, _mm512_fmadd_ps(o, sb, b));
+                }
+                simd512::store_row16(a.y + r * a.ldy + col0, mask, v, load_y);
+            }
+        }
     }
 }
 
