@@ -14,6 +14,7 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "int4_output_search.h"
+#include "bf16_round.h"
 
 #include <immintrin.h>
 
@@ -32,15 +33,6 @@ constexpr float kHighest = 7.0f;
 // refit's other bf16 neighbour is tried as well: NumPy's fp32 refit was at most 15 ulps off an
 // fp64 one on 2.6M refits (1536 x 2048 g32, 8 to 1000 calibration rows), ours likewise
 constexpr int32_t kMidpointWindow = 128;
-
-// fp32 -> nearest bf16 (ties to even), as fp32: primitives.round_to_bf16 (finite input)
-float round_to_bf16(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
-    std::memcpy(&x, &u, 4);
-    return x;
-}
 
 float bits_to_float(uint32_t u) {
     float x;

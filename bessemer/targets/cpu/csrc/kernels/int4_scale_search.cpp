@@ -11,6 +11,7 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "int4_scale_search.h"
+#include "bf16_round.h"
 
 #include <immintrin.h>
 
@@ -51,15 +52,6 @@ float pairwise(const float* a, int64_t n) {
 }
 
 float numpy_sum(const float* a, int64_t n) { return 0.0f + pairwise(a, n); }
-
-// fp32 -> nearest bf16 (ties to even), as fp32: format/dtypes.to_bfloat16_bits (finite input)
-float round_to_bf16(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
-    std::memcpy(&x, &u, 4);
-    return x;
-}
 
 // One row's groups; tmp and levels: `group` floats of scratch each.
 struct GroupSearch {
