@@ -15,13 +15,13 @@
 
 #include "int4_output_search.h"
 #include "bf16_round.h"
+#include "row_threads.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 namespace bessemer {
@@ -187,15 +187,7 @@ void int4_output_error_scale_search(const float* w, int64_t n, int64_t k, int64_
                     s.best_scale(w + row * k + j * group, plain[row * groups + j], divisors, num_divisors);
         }
     };
-    // Threads made for this call, not OpenMP's pool: the build runs tensor-parallel ranks in
-    // forked children, and libgomp's pool hangs in a child forked after the parent used it.
-    // Each row's scales depend only on that row, so the split does not change them.
-    const int64_t cores = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
-    const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, cores));
-    std::vector<std::thread> pool;
-    for (int64_t t = 1; t < workers; ++t) pool.emplace_back(rows, n * t / workers, n * (t + 1) / workers);
-    rows(0, n / workers);
-    for (auto& th : pool) th.join();
+    run_row_ranges(n, threads, rows);
 }
 
 }  // namespace bessemer

@@ -12,13 +12,13 @@
 
 #include "int4_scale_search.h"
 #include "bf16_round.h"
+#include "row_threads.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 namespace bessemer {
@@ -200,16 +200,7 @@ void int4_symmetric_scale_search(const float* w, int64_t n, int64_t k, int64_t g
             }
         }
     };
-    // Threads made for this call, not OpenMP's pool: the build runs tensor-parallel ranks in
-    // forked children, and libgomp's pool hangs in a child forked after the parent used it
-    // (a Python process that ran an engine, then builds). Each row's scales depend only on
-    // that row, so the split does not change them.
-    const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
-    std::vector<std::thread> threads;
-    for (int64_t t = 1; t < workers; ++t)
-        threads.emplace_back(rows, n * t / workers, n * (t + 1) / workers);
-    rows(0, n / workers);
-    for (auto& th : threads) th.join();
+    run_row_ranges(n, 0, rows);
 }
 
 }  // namespace bessemer

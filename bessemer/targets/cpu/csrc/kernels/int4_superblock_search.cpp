@@ -13,10 +13,10 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "int4_superblock_search.h"
+#include "row_threads.h"
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 namespace bessemer {
@@ -147,13 +147,7 @@ void int4_superblock_search(const float* w, int64_t n, int64_t k, const float* i
             }
         }
     };
-    // Threads made for this call, not OpenMP's pool (fork safety: see int4_scale_search.cpp).
-    // Each row's parameters depend only on that row, so the split does not change them.
-    const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
-    std::vector<std::thread> threads;
-    for (int64_t t = 1; t < workers; ++t) threads.emplace_back(rows, n * t / workers, n * (t + 1) / workers);
-    rows(0, n / workers);
-    for (auto& th : threads) th.join();
+    run_row_ranges(n, 0, rows);
 }
 
 }  // namespace bessemer
