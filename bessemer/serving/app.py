@@ -344,14 +344,8 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None, lim
         """`chunks` yields (the event's bytes, new token count); closing it (client gone) aborts.
         An event whose successor comes without waiting for the engine (the next delta is
         waiting in `streams`, or they all ended) goes out with it, in one write."""
-        if len(streams) == 1:  # most requests: no generator per token
-            only = streams[0]
-
-            def successor_waits() -> bool:
-                return not (only.ready or only.finished)
-        else:
-            def successor_waits() -> bool:
-                return not (any(s.ready for s in streams) or all(s.finished for s in streams))
+        def successor_waits() -> bool:
+            return not (any(s.ready for s in streams) or all(s.finished for s in streams))
 
         async def body():
             num_output, held = 0, []
