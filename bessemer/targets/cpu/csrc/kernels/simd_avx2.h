@@ -86,10 +86,11 @@ static inline __m256i tail_mask8(int n) {
 
 // The store epilogue of the AVX2 linear kernels: one row's 16 finished outputs of a panel
 // (v0: columns 0-7, v1: 8-15), plus bias (at the panel's first column) when given. (A later
-// K block does not add to y here: it starts its accumulators from y, load_partial16.) The quantized AVX2 kernels (w8a16/w4a16, fp8, w8a8)
-// keep their epilogue inline: it multiplies by the scales just before these adds and the
-// compiler fuses that multiply with the first add (-ffp-contract=fast, GCC's default), so
-// routing it through finished values here would change the last bit of their outputs.
+// K block does not add to y here: it starts its accumulators from y, load_partial16.) The
+// quantized AVX2 kernels (w8a16/w4a16, fp8, w8a8) keep their epilogue inline: it multiplies
+// by the scales just before these adds and the compiler fuses that multiply with the first
+// add (-ffp-contract=fast, GCC's default), so routing it through finished values here would
+// change the last bit of their outputs.
 static inline void store_row16(float* yp, __m256 v0, __m256 v1, const float* bias) {
     if (bias) {
         v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias));
