@@ -257,3 +257,11 @@ def test_run_engine_json_carries_the_error(worded_engine, second_prompt_fails):
     assert rows[1]["ttft_s"] is None and len(rows[0]["token_ids"]) == 3
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
         f"error: prompt 2 failed: {rows[1]['error']}"]
+
+
+# ---- bessemer serve ----
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_serve_refuses_a_stream_interval_below_zero_or_not_a_number(tiny_engine, value):
+    proc = run("bessemer", "serve", str(tiny_engine("llama-untied")), "--port", "0", "--stream-interval-ms", value)
+    assert_clean_error(proc, "--stream-interval-ms must be >= 0")
