@@ -5,6 +5,9 @@ The interpreter (TRITON_INTERPRET=1, read when a kernel module is imported) exec
 from the GPU in four ways this module fixes:
 - tl.dot on bf16 operands multiplies their 16-bit patterns as integers: operands are
   widened to fp32 first (a tensor core multiplies bf16 exactly and accumulates in fp32);
+  and an fp32 tl.dot is NumPy's fp32 matmul, whose BLAS picks its kernel (and so the order
+  of an element's sums) by the tile's shape: a row's value then depends on how many rows the
+  tile has, which on a GPU it does not. fp32 tiles are multiplied in fp64 and rounded once;
 - fp32 -> bf16 conversion truncates (and its "round to nearest" loses the carry): the GPU
   rounds to nearest even (cvt.rn.bf16.f32), which is what it does here now;
 - fp32 -> fp8 E4M3 conversion misrounds ~3-5% of values by one step: the GPU rounds to
@@ -70,7 +73,14 @@ def enable() -> None:
         return h
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+        a, b = widened(a), widened(b)
+        if a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32 and d.dtype.scalar == tl.float32:
+            # Each product of two fp32 values is exact in fp64 and a tile's K (<= 256) adds no
+            # error that survives the rounding to fp32: an element's value does not depend on
+            # how NumPy's BLAS blocks the tile, which it chooses by the tile's shape
+            tile = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
+            return interp.TensorHandle(tile + d.data, d.dtype.scalar)
+        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     original_convert = interp._convert_float
 
