@@ -306,6 +306,28 @@ def calibration_text(tmp_path_factory) -> Path:
     return path
 
 
+# The calibration protocol of the SmolLM2 4-bit quantization tests (AWQ, GPTQ, mixed precision):
+# few samples so CI stays quick; the closing notes' tables use bench/quant.py's larger one.
+SMOLLM2_CALIB = dict(calib_samples=16, calib_seq_len=256)
+
+
+@pytest.fixture(scope="session")
+def smollm2_calibration(smollm2_dir, calibration_text, run_dir) -> Path:
+    """The held-out calibration text, with SmolLM2's activation statistics on it (Hessians
+    included) in the calibration cache: collected once per run by the first xdist worker to ask,
+    under a lock, so that the builds of the tests that use this protocol read them from the cache
+    instead of each running the HF model (up to three times over, two workers at once)."""
+    from bessemer.builder import input_groups as ig
+    from bessemer.quantization.calibration import CalibrationSpec, collect
+
+    graph, ckpt = model_graph(smollm2_dir)
+    ckpt.close()
+    spec = CalibrationSpec(calibration_text, SMOLLM2_CALIB["calib_samples"], SMOLLM2_CALIB["calib_seq_len"])
+    with run_lock(run_dir, "smollm2-calibration"):
+        collect(smollm2_dir, spec, [g.key for g in ig.input_groups(graph)], hessian=True)
+    return calibration_text
+
+
 def pytest_configure(config):
     # Torch and the engine share the 2 cores; keep torch from oversubscribing them.
     os.environ.setdefault("OMP_NUM_THREADS", "2")

@@ -1,8 +1,8 @@
 """Quantized SmolLM2 engines end to end: WikiText-2 perplexity relative to the fp32 engine
 (the protocol of `bessemer eval`), within the accuracy bounds of issue 3.
 
-Calibration uses the held-out second half of the file (conftest.calibration_text), few
-samples so CI stays quick; the closing notes' table uses bench/quant.py's larger protocol.
+Calibration uses the held-out second half of the file, statistics collected once per run
+(conftest.smollm2_calibration).
 """
 
 import copy
@@ -17,9 +17,8 @@ from bessemer.quantization import primitives as prim
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.evaluate import perplexity
 from bessemer.runtime.llm import LLM
+from conftest import SMOLLM2_CALIB as CALIB
 from tolerances import MIXED_4_85_PPL_MAX_INCREASE, W8A16_PPL_MAX_INCREASE
-
-CALIB = dict(calib_samples=16, calib_seq_len=256)
 
 # the real SmolLM2 end to end: each test builds and scores a quantized 135M engine
 pytestmark = pytest.mark.slow
@@ -49,23 +48,23 @@ def rtn_g64_ppl(smollm2_dir, smollm2_fp32_perplexity, tmp_path_factory) -> float
 # module's tests that use its module fixtures onto one xdist worker) and, with every test
 # here, the fp32 baseline of the run (conftest.smollm2_fp32_perplexity).
 def test_w4a16_awq_beats_round_to_nearest(smollm2_dir, smollm2_fp32_perplexity, rtn_g64_ppl, tmp_path,
-                                          calibration_text):
+                                          smollm2_calibration):
     wins, base = smollm2_fp32_perplexity
     awq = _ppl(smollm2_dir, tmp_path, wins, QuantConfig("w4a16-awq", group_size=64,
-                                                         calib_data=str(calibration_text), **CALIB))
+                                                         calib_data=str(smollm2_calibration), **CALIB))
     print(f"w4a16 g64 ppl vs fp32 {base:.4f}: RTN {rtn_g64_ppl:.4f}, AWQ {awq:.4f}")
     assert awq < rtn_g64_ppl
 
 
 def test_w4a16_gptq_beats_round_to_nearest(smollm2_dir, smollm2_fp32_perplexity, rtn_g64_ppl, tmp_path,
-                                           calibration_text):
+                                           smollm2_calibration):
     wins, base = smollm2_fp32_perplexity
     # act-order: with 16 x 256 calibration rows, plain column order over-fits the Hessian of
     # the 1536-wide down_proj inputs (held-out ppl 27.3 vs RTN 25.1 when chosen); act-order gave
     # 23.4 then, and 20.52 vs RTN 27.45 here today (2048 tokens, searched scales).
     # Groups are static, so act-order costs nothing at run time.
     gptq = _ppl(smollm2_dir, tmp_path, wins, QuantConfig("w4a16-gptq", group_size=64, act_order=True,
-                                                          calib_data=str(calibration_text), **CALIB))
+                                                          calib_data=str(smollm2_calibration), **CALIB))
     print(f"w4a16 g64 ppl vs fp32 {base:.4f}: RTN {rtn_g64_ppl:.4f}, GPTQ {gptq:.4f}")
     assert gptq < rtn_g64_ppl
 
@@ -82,7 +81,7 @@ def _q4_0_rule(w: np.ndarray) -> np.ndarray:
     return ((codes - 8) * d).reshape(w.shape)
 
 
-def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, smollm2_fp32_perplexity, tmp_path, calibration_text):
+def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, smollm2_fp32_perplexity, tmp_path, smollm2_calibration):
     """Symmetric g32 (bf16 scales, no offsets: 4.5 bits per weight, Q4_0's price) with GPTQ
     codes on searched scales: lower held-out perplexity than HF running the same checkpoint
     with Q4_0-rounded decoder weights (and the engine's int8 lm_head table)."""
@@ -92,7 +91,7 @@ def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, smollm2_fp32_perpl
     from conftest import _hf_model
 
     wins, base = smollm2_fp32_perplexity
-    quant = QuantConfig("w4a16-gptq", group_size=32, calib_data=str(calibration_text), **CALIB)
+    quant = QuantConfig("w4a16-gptq", group_size=32, calib_data=str(smollm2_calibration), **CALIB)
     engine = build_engine(smollm2_dir, tmp_path / "gptq-g32", BuildConfig(max_seq_len=1024, quant=quant))
     bits = json.loads((engine / "build_report.json").read_text())["bits_per_weight"]
     assert bits["decoder"]["bpw"] == 4.5
@@ -111,7 +110,7 @@ def test_w4a16_gptq_g32_beats_q4_0_at_equal_bits(smollm2_dir, smollm2_fp32_perpl
 
 
 def test_mixed_precision_within_budget_beats_uniform_g32_with_the_same_table(smollm2_dir, smollm2_fp32_perplexity,
-                                                                             tmp_path, calibration_text):
+                                                                             tmp_path, smollm2_calibration):
     """--bits-per-weight 4.85 (all matrices, the tied table included, which a budget under
     ~5.2 stores in int4; round to nearest, so that the plan alone makes the difference): the
     engine's bits per weight stay within the budget, and the 0.35 bits per weight it spends on
@@ -120,7 +119,7 @@ def test_mixed_precision_within_budget_beats_uniform_g32_with_the_same_table(smo
     26.02, fp32 18.51; uniform g32 with the int8 table (5.25 bits) 23.37 is better than both:
     the int4 table costs more than the plan wins back (see quantization/mixed_precision.py)."""
     wins, base = smollm2_fp32_perplexity
-    mixed = QuantConfig("w4a16", group_size=32, bits_per_weight=4.85, calib_data=str(calibration_text), **CALIB)
+    mixed = QuantConfig("w4a16", group_size=32, bits_per_weight=4.85, calib_data=str(smollm2_calibration), **CALIB)
     engine = build_engine(smollm2_dir, tmp_path / "mixed", BuildConfig(max_seq_len=1024, quant=mixed))
     bits = json.loads((engine / "build_report.json").read_text())["bits_per_weight"]
     assert bits["all"]["bpw"] <= 4.85
