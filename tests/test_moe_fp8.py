@@ -144,8 +144,8 @@ def test_fp8_expert_requests_are_batch_invariant(tiny_engine, isa):
 
 
 def test_fp8_expert_notes_and_static_activations(tiny_checkpoint):
-    """The build log says how fp8 stores experts; static activation scales (calibrated per
-    linear) leave the experts' scales dynamic; the cuda target stores fp8 experts the same way
+    """The build log says how fp8 stores experts (GPTQ per expert under the default rounding);
+    static activation scales (calibrated per linear) leave the experts' scales dynamic; the cuda target stores fp8 experts the same way
     (its grouped expert GEMMs read E4M3 codes) under either activation mode."""
     from bessemer.builder.config import BuildConfig
     from bessemer.builder.passes.quantize import expert_notes
@@ -155,10 +155,14 @@ def test_fp8_expert_notes_and_static_activations(tiny_checkpoint):
     graph, _ = model_graph(tiny_checkpoint("mixtral"))
     assert expert_notes(graph, BuildConfig(quant=FP8)) == [
         "experts: E4M3 round to nearest, activation scales dynamic per token"]
-    static = QuantConfig("fp8", calib_data="unused.txt", fp8_activations="static")
+    static = QuantConfig("fp8", calib_data="unused.txt", fp8_activations="static", fp8_rounding="nearest")
     assert expert_format(static, 64) == Fp8E4M3(dynamic=True)
     assert expert_notes(graph, BuildConfig(quant=static)) == [
-        "experts: E4M3 round to nearest, activation scales dynamic per token (calibration covers linears only)"]
-    for quant in (FP8, static):
+        "experts: E4M3 round to nearest, activation scales dynamic per token (static scales are the linears' only)"]
+    gptq = QuantConfig("fp8", calib_data="unused.txt")  # the default rounding: codes by GPTQ, experts too
+    assert expert_notes(graph, BuildConfig(quant=gptq)) == [
+        "experts: E4M3 codes by GPTQ per expert from the calibration tokens routed to it (round to nearest for an "
+        "expert fewer than 16 reach), activation scales dynamic per token"]
+    for quant in (FP8, static, gptq):
         assert expert_notes(graph, BuildConfig(quant=quant, target="cuda", dtype="bfloat16")) == \
             expert_notes(graph, BuildConfig(quant=quant))

@@ -16,7 +16,8 @@ from bessemer.quantization.calibration import CalibrationSpec, collect
 from bessemer.quantization.channel_scales import ChannelScales, InputGroup
 from bessemer.quantization.expert_calibration import (ExpertCalibration, ExpertInputs, MoeLayer, awq_down_scales,
                                                      awq_folds_exactly)
-from bessemer.quantization.formats import ExpertStack, Int4Group, StoredFormat, WeightCalibration, expert_format
+from bessemer.quantization.formats import (ExpertStack, Fp8E4M3, Int4Group, StoredFormat, WeightCalibration,
+                                          expert_format)
 
 
 @dataclass
@@ -30,9 +31,9 @@ class CalibrationResult:
     multipliers: dict = field(default_factory=dict)  # SmoothQuant: weight name -> (K,) kernel 1/s
     backend: str = "native"  # where the activation statistics came from
     report: dict = field(default_factory=dict)
-    # w4a16-gptq, w4a16-awq: a moe weight's first HF tensor -> its layer's calibration rows and
-    # which matrix it is ("gate_up" | "down"), for GPTQ per expert or the grid searched
-    # per expert for its output error (quantization/expert_calibration.py)
+    # w4a16-gptq, w4a16-awq, fp8 with GPTQ rounding: a moe weight's first HF tensor -> its
+    # layer's calibration rows and which matrix it is ("gate_up" | "down"), for GPTQ per
+    # expert or the grid searched per expert for its output error (expert_calibration.py)
     experts: dict = field(default_factory=dict)
 
     def for_weight(self, parts: tuple[str, ...], fmt: StoredFormat, slices: tuple = (),
@@ -40,12 +41,13 @@ class CalibrationResult:
         """What `fmt` uses of the calibration for the weight made of HF tensors `parts`:
         the input's Hessian when GPTQ chooses its codes (cached statistics may hold
         Hessians a build does not use: an int8 lm_head is round to nearest), its max |x|
-        (fp8's static input scale), SmoothQuant's kernel 1/s; for experts stored 4-bit,
-        each expert's Hessian (w4a16-gptq) or input rows (w4a16-awq) from the tokens
-        routed to it. slices: the weight's tensor-parallel blocks (a rank's whole stacked
-        experts start at slices[0][0]); read(name, sl): the checkpoint tensors the experts'
-        inputs need, as the build transforms them (AWQ's down reads act(gate, up) / s)."""
-        if parts[0] in self.experts and isinstance(fmt, ExpertStack) and isinstance(fmt.inner, Int4Group):
+        (fp8's static input scale), SmoothQuant's kernel 1/s; for experts stored 4-bit or
+        E4M3, each expert's Hessian (w4a16-gptq, fp8's GPTQ rounding) or input rows
+        (w4a16-awq) from the tokens routed to it. slices: the weight's tensor-parallel
+        blocks (a rank's whole stacked experts start at slices[0][0]); read(name, sl): the
+        checkpoint tensors the experts' inputs need, as the build transforms them (AWQ's
+        down reads act(gate, up) / s)."""
+        if parts[0] in self.experts and isinstance(fmt, ExpertStack) and isinstance(fmt.inner, (Int4Group, Fp8E4M3)):
             inputs, matrix = self.experts[parts[0]]
             first = slices[0][0] if fmt.input_major and slices else 0
             algorithm = "gptq" if self.gptq else "awq"
@@ -72,10 +74,10 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
     t = time.perf_counter()
     if quant.algorithm == "smoothquant":
         return _calibrate_smoothquant(ckpt, groups, quant, spec, say, kernel_smoothed)
-    # experts stored as 4-bit groups are calibrated per expert: every row of their layer's
-    # input is kept (GPTQ; AWQ where it searches their grids or its down's scale folds exactly)
-    moe = [m for m in moe if isinstance(expert_format(quant, ckpt.shape(m.router)[1]), Int4Group)
-           and (quant.algorithm == "gptq" or (quant.algorithm == "awq" and _awq_calibrates(m, quant)))]
+    # experts stored as 4-bit groups, or as E4M3 codes GPTQ rounds, are calibrated per expert:
+    # every row of their layer's input is kept (GPTQ; AWQ where it searches their grids or its
+    # down's scale folds exactly)
+    moe = [m for m in moe if _calibrates_experts(m, expert_format(quant, ckpt.shape(m.router)[1]), quant)]
     # only GPTQ (int4, or fp8 codes rounded by GPTQ) and the mixed-precision sensitivity need
     # the (K, K) input Hessians; AWQ and FP8 read abs_mean / abs_max / samples
     stats = collect(ckpt.dir, spec, [g.key for g in groups], say,
@@ -86,7 +88,7 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
                                report={"stats_s": round(time.perf_counter() - t, 2),
                                        "rows": int(next(iter(stats.values()))["rows"])})
     inputs = {m.node: ExpertInputs(m, stats[m.input_key]["inputs"]) for m in moe}
-    if quant.algorithm == "gptq" or _awq_searches_grids(quant):
+    if quant.uses_gptq or _awq_searches_grids(quant):
         for m in moe:
             result.experts.update({m.gate_up[0]: (inputs[m.node], "gate_up"), m.down[0]: (inputs[m.node], "down")})
     if quant.mode == "fp8" and quant.fp8_smoothing_alpha is not None:
@@ -102,6 +104,14 @@ def calibrate(ckpt, groups: list[InputGroup], quant, say, kernel_smoothed: froze
             result.report["awq_experts"] = _awq_experts(ckpt, down_scaled, quant, result, say)
             result.report["awq_experts_s"] = round(time.perf_counter() - t, 2)
     return result
+
+
+def _calibrates_experts(layer: MoeLayer, fmt: StoredFormat, quant) -> bool:
+    """Whether the layer's experts (each stored in fmt) take codes from their routed tokens."""
+    if isinstance(fmt, Fp8E4M3):
+        return quant.uses_gptq  # --fp8-rounding gptq: each expert's Hessian
+    return isinstance(fmt, Int4Group) and (quant.algorithm == "gptq" or
+                                           (quant.algorithm == "awq" and _awq_calibrates(layer, quant)))
 
 
 def _awq_searches_grids(quant) -> bool:

@@ -9,11 +9,11 @@ producer to fold 1/s into, quantization/smoothquant.py) gets the kernel-applied 
 A MoE router (the linear feeding a moe op's router logits) stays in floating point. A moe
 node's experts (gate_up, down) are stored ExpertStack(the mode's int8 / int4 / E4M3 format:
 formats.expert_format) when the target has a kernel for them: w4a16-gptq chooses each expert's
-codes by GPTQ from the tokens routed to it, w4a16-awq searches each expert's gate/up and down grids
-for their output error on them and scales its down from them (both RTN for an expert too
-few reach: quantization/expert_calibration.py), the rest is round
-to nearest (fp8's calibration covers linears only; fp8 experts scale their activations per
-token); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
+codes by GPTQ from the tokens routed to it (so does fp8 with its default --fp8-rounding gptq),
+w4a16-awq searches each expert's gate/up and down grids for their output error on them and
+scales its down from them (all RTN for an expert too few reach:
+quantization/expert_calibration.py), the rest is round to nearest (fp8 experts scale their
+activations per token: a static scale is the linears' only); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
 format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape the target's
 expert kernel refuses, such as cuda's 4-bit groups that are not a multiple of 32) they stay float32.
 expert_notes() says which, for the build log.
@@ -144,9 +144,11 @@ def expert_notes(graph: Graph, build: BuildConfig) -> list[str]:
         why = _float32_experts_reason(n, build)
         q = build.quant
         if why is None and isinstance(expert_format(q, n.weights[0].shape[1]), Fp8E4M3):
-            calibrated = q.fp8_activations == "static" or q.fp8_rounding == "gptq"
-            notes.add("E4M3 round to nearest, activation scales dynamic per token" +
-                      (" (calibration covers linears only)" if calibrated else ""))
+            codes = (f"E4M3 codes by GPTQ per expert from the calibration tokens routed to it (round to nearest for "
+                     f"an expert fewer than {MIN_EXPERT_TOKENS} reach)" if q.fp8_rounding == "gptq"
+                     else "E4M3 round to nearest")
+            static = " (static scales are the linears' only)" if q.fp8_activations == "static" else ""
+            notes.add(f"{codes}, activation scales dynamic per token{static}")
         elif why is None and q.algorithm == "gptq":
             notes.add(f"GPTQ per expert from the calibration tokens routed to it (RTN for an expert fewer than "
                       f"{MIN_EXPERT_TOKENS} reach)")

@@ -12,7 +12,7 @@
 //
 // Activations get a dynamic scale per token (max |x[t]| / 448 of the row the expert GEMM
 // reads, refined per act_group columns when set), as linear_fp8@2: experts have no calibrated
-// static scale (calibration covers linears only). Every scale is a function of its own row,
+// static scale (a static one is the linears' only). Every scale is a function of its own row,
 // so a token's result does not depend on which other tokens share its expert's GEMM.
 // Expert rows keep the graph's order: layout 0 gate rows then up rows, layout 1 (gpt-oss)
 // gate/up interleaved.
