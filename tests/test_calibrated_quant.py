@@ -2,6 +2,7 @@
 on real-looking activations), and their folding/storage invariants."""
 
 import numpy as np
+import pytest
 
 from bessemer.quantization import primitives as prim
 from bessemer.quantization.awq import fake_quant_int4, search_scale
@@ -83,6 +84,24 @@ def test_gptq_blocks_and_column_order_match_the_unblocked_algorithm():
             want = _unblocked_gptq(w, h, round_column, act_order)
             same = np.isclose(got, want, rtol=1e-6, atol=0).mean()
             assert same >= 0.99, (name, act_order, same)
+
+
+@pytest.mark.parametrize("k,rows", [(96, 1024), (320, 200)])
+def test_inverse_cholesky_factor_is_the_textbook_one(k, rows):
+    """gptq.inverse_cholesky_upper against numpy's chol(inv(H)).T: upper triangular, the same
+    factor to float64 rounding (relative 1e-9 of its largest entry), on a well-conditioned
+    Hessian and on one with fewer rows than columns (singular until GPTQ's dampening)."""
+    import torch
+
+    from bessemer.quantization.gptq import DAMP, inverse_cholesky_upper
+
+    x = _activations(rows=rows, k=k, seed=4).astype(np.float64)
+    h = x.T @ x
+    h += DAMP * np.diag(h).mean() * np.eye(k)
+    got = inverse_cholesky_upper(torch.from_numpy(h)).numpy()
+    want = np.linalg.cholesky(np.linalg.inv(h)).T
+    assert np.array_equal(got, np.triu(got)) and (np.diag(got) > 0).all()
+    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
 
 
 def test_gptq_fp8_beats_nearest_on_output_error_and_stays_on_the_e4m3_grid():

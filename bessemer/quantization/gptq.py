@@ -34,7 +34,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: 
     H += DAMP * torch.diag(H).mean() * torch.eye(k, dtype=H.dtype)
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(k)
     W, H = W[:, perm], H[perm][:, perm]
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    hinv = inverse_cholesky_upper(H).float()
     # The column loop runs K times per matrix on (N,) operands, so the cost of each call
     # bounds it: a NumPy call costs a fraction of a torch one (a 4-bit SmolLM2 build: 39 -> 29
     # CPU seconds). Columns are rows of the transposed weight, contiguous. Each element goes
@@ -57,6 +57,19 @@ def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: 
             E1[:, i] = err
         Wt[i2:] -= (torch.from_numpy(E1) @ hinv[i1:i2, i2:]).numpy().T
     return np.ascontiguousarray(Qt[np.argsort(order)].T)
+
+
+def inverse_cholesky_upper(h):
+    """U, upper triangular with a positive diagonal, such that U^T U = h^-1: the factor GPTQ's
+    column updates read, for a symmetric positive definite (K, K) float64 torch tensor h.
+    With J the reversal of the order and J h J = M M^T (M lower), h^-1 = (J M^-1 J)^T (J M^-1 J)
+    and J M^-1 J is upper triangular with a positive diagonal, so it is that Cholesky factor:
+    one factorisation and one triangular solve, where chol(inv(h)) takes two and an inverse
+    (measured on 2 cores: K = 1536 0.25 s against 1.8-6.5 s, K = 4096 3 s against 4.7-8.9 s)."""
+    import torch
+
+    m = torch.linalg.cholesky(h.flip(0, 1))
+    return torch.linalg.solve_triangular(m, torch.eye(h.shape[0], dtype=h.dtype), upper=False).flip(0, 1)
 
 
 def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
