@@ -1,8 +1,9 @@
 """Batch invariance of the linear kernels themselves: a row's outputs are bit-identical as a
 GEMV (M = 1), a small batch and a GEMM of 40 rows, on both ISAs, at K > 1024 (K blocks of
 about 512: a later block resumes the partial sums the previous one left in y, linear_driver.h).
-fp32/bf16 GEMVs read K in one block where their GEMMs use several, so for them this checks
-that the K blocking never changes a row's sum; the quantized kernels keep the same blocks.
+fp32/bf16 GEMVs, and int4 ones on bf16 activations (w4a16@2/@3 on a CPU with the bf16 kernel),
+read K in one block where their GEMMs use several, so for them this checks that the K blocking
+never changes a row's sum; the other quantized kernels keep the same blocks.
 
 Each case is one single-op rank file as in test_quant_kernels.py / test_fp8_kernels.py; the
 oracle is the same row inside the 40-row batch, tolerance zero. The batch itself is checked
@@ -73,7 +74,7 @@ def linear_case(kind, W, x):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", ["float32", "bfloat16", "w8a16", "w4a16@1", "w4a16@2", "fp8", "w8a8"])
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "w8a16", "w4a16@1", "w4a16@2", "w4a16@3", "fp8", "w8a8"])
 def test_a_row_is_bit_identical_as_gemv_and_inside_a_gemm(tmp_path, kind, isa):
     for N, K in SHAPES:
         rng = np.random.default_rng(N + K)

@@ -76,8 +76,8 @@ class ExpertKernelRun:
 
 
 def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int, fmt_for, op: str,
-                      attrs: dict | None = None) -> ExpertKernelRun:
-    """A plan of one embedding (hidden 64 | 4 router logits) and one `op` step over 4 random
+                      attrs: dict | None = None, H: int = 64) -> ExpertKernelRun:
+    """A plan of one embedding (hidden H | 4 router logits) and one `op` step over 4 random
     experts (top 2, expert size I, weights N(0, std), layout 0 Mixtral-like or 1 gpt-oss-like
     with biases) stored as fmt_for(weight), run on 150 tokens: more than one 64-token chunk
     for each expert."""
@@ -86,7 +86,7 @@ def run_expert_kernel(tmp_path, isa, layout: int, I: int, std: float, seed: int,
     from bessemer.plugins import ops
 
     rng = np.random.default_rng(seed)
-    H, E, V = 64, E_KERNEL, 24
+    E, V = E_KERNEL, 24
     base = {"num_experts": E, "top_k": K_KERNEL, "expert_size": I, "softmax_after_topk": layout,
             "norm_topk_prob": 1 - layout, "layout": layout, "activation": layout}
     shapes = ops.moe_weight_shapes(base, H)[:4 if layout else 2]
@@ -153,6 +153,24 @@ def test_expert_kernel_matches_reference(tmp_path, isa, kind, layout):
                  tol.W4_BF16_ATOL if kind.startswith("w4") else tol.MOE_ATOL, op)
     if kind != "mxfp4":
         assert_small_batches_match(run, isa, op)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_w4_experts_at_a_long_k_match_reference_and_small_batches(tmp_path, isa):
+    """moe_w4a16 (symmetric, groups of 32) with hidden 2112 > 1024: a decode step's experts
+    are GEMVs that read K in one pass (int4 on bf16 activations, linear_driver.h), a chunk of
+    up to 64 tokens a GEMM in K blocks of about 512; and one token's 2 experts go whole to
+    each of 2 threads, but are split in panel groups over 3 (moe.cpp run_small_batch). Every
+    way must give the same bits as the 150-token run, and that run the reference."""
+    from bessemer.plugins import ops
+
+    I, H = 88, 2112
+    run = run_expert_kernel(tmp_path, isa, 0, I, 0.3, 11, lambda w: _expert_format("w4", 0, E_KERNEL, w.shape[1]),
+                            "moe_w4a16", {"zero_point": 0}, H=H)
+    ref = ops.ref_moe(run.x[:, :H], run.x[:, H:], run.weights, E_KERNEL, K_KERNEL, I, 0, 1, 0, 0,
+                      matmul_input=lambda a: bf16_round(a.astype(np.float32)).astype(np.float64))
+    assert_close(run.out, ref, tol.MOE_W4_LONG_K_RTOL, tol.W4_BF16_ATOL, "moe_w4a16 K 2112")
+    assert_small_batches_match(run, isa, "moe_w4a16 K 2112")
 
 
 def _round_bf16(t):

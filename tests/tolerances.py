@@ -25,6 +25,11 @@ GELU_ATOL = 1e-6
 # norm-relative over the whole output.
 MOE_RTOL = 1e-5
 MOE_ATOL = 1e-6
+# moe_w4a16 at hidden 2112 (tests/test_moe_quant.py) vs ops.ref_moe with bf16 matmul inputs:
+# gate/up differ from the float64 reference by fp32 rounding over K = 2112, so an activation
+# can round to the neighbouring bf16 in the kernel and not in the reference (2^-8 of that value,
+# carried into every output by one down column): measured 2.2e-4 of max|ref|.
+MOE_W4_LONG_K_RTOL = 1e-3
 # rope@1: fp32 angle, cos/sin correctly rounded, fp32 products.
 ROPE_ATOL = 2e-6
 # attention@1 with a float32 KV cache.

@@ -180,8 +180,10 @@ struct UkArgs {
     // compute-heavy (quantized) microkernel prefetches there, and the next group's
     // quantization parameters (at qs/qo + NR*qpstride, or qs + NR*16 per channel): the
     // hardware prefetcher follows the current panels' code streams but neither the jump
-    // to the next group nor the sparse parameter reads at group ends.
+    // to the next group nor the sparse parameter reads at group ends. 0 also for the call's
+    // last group, whose next group lies past the call's rows.
     int64_t pf_next;
+    bool gemv;  // M <= MR: each weight byte is read once (a microkernel may prefetch its own panels)
 };
 
 // Optional activation preparation (linear_w4a16@2): the x block of a thread's row block
@@ -233,15 +235,20 @@ struct PanelFamily {
         UkArgs a;
         char* xq;  // prepared x block
         int m_blk, k0, p0;
+        int last_p0;       // first panel of the call's last group: nothing to prefetch past it
+        int64_t pf_group;  // GEMV: bytes to the next panel group (0 = no prefetch)
     };
 
     LinearBlocks blocks(bool gemv) {
         const int group = q ? q->group : 0;
         // K > 1024: blocks of about 512 (the activation block stays in L2). A GEMV of fp32 /
         // bf16 weights reads each panel in one pass instead (measured faster: its streams are
-        // not cut every 512 k); the quantized GEMVs keep the blocks (measured faster for int8
-        // decode). The results do not depend on the choice (see the top of this file).
-        const bool one_pass = gemv && !q;
+        // not cut every 512 k), and so does one of int4 weights on bf16 activations (esize 2,
+        // linear_w4_bf16_avx512.cpp: measured 8% faster at one thread on a 1536 x 2048 matrix
+        // from DRAM and 14% on a 512 x 2048 one from L2, Zen 4); the other quantized GEMVs keep
+        // the blocks (measured faster for int8 decode). The results do not depend on the
+        // choice (see the top of this file).
+        const bool one_pass = gemv && (!q || (prep && esize == 2));
         int n = !one_pass && K > 1024 ? (K + 511) / 512 : 1;
         int kc = (K + n - 1) / n;
         // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
@@ -274,7 +281,9 @@ struct PanelFamily {
         t.a.group = q ? q->group : 0;
         t.a.qpstride = t.a.group > 0 ? int64_t(K / t.a.group) * 16 : 0;
         t.a.pbytes = q ? q->pbytes : 4;
-        t.a.pf_next = w.gemv ? int64_t(w.NR) * t.a.pstride : 0;
+        t.a.gemv = w.gemv;
+        t.pf_group = w.gemv ? int64_t(w.NR) * t.a.pstride : 0;
+        t.last_p0 = (w.G - 1) * w.NR;
     }
     void block(Thread& t, int m_blk, int rows, int k0, int kc, int kb) const {
         if (prep) {
@@ -291,6 +300,9 @@ struct PanelFamily {
         t.a.w = w + (int64_t(p0) * K + k0) * kbytes;
         t.a.bias = (bias && last) ? bias + 16 * p0 : nullptr;
         t.a.last = last;
+        // The last group's next group lies past the call's rows (in a moe kernel's slice, an
+        // expert that is seldom the next one read): prefetching it would only waste bandwidth.
+        t.a.pf_next = p0 < t.last_p0 ? t.pf_group : 0;
         if (q) {
             if (q->group > 0) {
                 const int64_t off = int64_t(p0) * t.a.qpstride + int64_t(k0 / q->group) * 16;

@@ -61,6 +61,11 @@ namespace {
 constexpr int kMR = 8;   // max rows per microkernel
 constexpr int kNR = 4;   // max panels (16 outputs each) per microkernel, M <= 4
 constexpr int kNR8 = 2;  // panels when M > 4 (8 x 2 accumulators + decode constants fit 32 zmm)
+// A GEMV streams each panel's codes once; the next panel group's are prefetched into L2 one
+// group ahead (UkArgs::pf_next), and the current panels' this many cache lines ahead into L1:
+// measured 7-15% faster at one thread on an expert's gate_up (1536 x 2048) from DRAM, Zen 4
+// (2 to 16 lines alike): L1's own prefetcher lags behind four streams of L2 hits.
+constexpr int kNearLines = 4;
 
 struct alignas(64) PairIndex {
     uint8_t v[4][64];  // [k pair p of an 8-k block][byte of the decoded zmm]
@@ -175,7 +180,8 @@ void ukr_w4_bf16(const UkArgs& a) {
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
     const int G = MODE == PK_TWO_LEVEL ? 32 : a.group, ng = a.kc / G;
     const int per = a.group / 32;  // TWO_LEVEL: sub-blocks per super-block
-    // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel).
+    // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel) into L2,
+    // and the current panels' codes kNearLines lines ahead into L1 (see kNearLines).
     const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
     const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
     const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
@@ -206,6 +212,9 @@ void ukr_w4_bf16(const UkArgs& a) {
         for (int k = k0; k < k1; k += 8) {
             __m512i blk[NR];
             if (K8 || k + 8 <= k1) {
+                if (a.gemv)
+#pragma GCC unroll 4
+                    for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + kNearLines * 64, _MM_HINT_T0);
                 if (a.pf_next) {
 #pragma GCC unroll 4
                     for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);

@@ -153,14 +153,47 @@ void rows_share(const KernelCall& c, const ExpertKernel& kernel, ExpertMatrix wh
     }
 }
 
-// Every (token, expert) pair of the step at once (at most kExpertChunk, in expert order): one
-// parallel region for gate_up of all active experts, the activations, and down; then each
-// token sums its pairs in expert order, as the chunked path does.
+// Expert e's gate_up, activation and down on the calling thread: its sorted pairs' rows
+// [start[e], start[e + 1]) of xs, gu, act and ys.
+void whole_expert(const KernelCall& c, const MoeParams& P, const ExpertKernel& kernel, int e, const int32_t* start,
+                  const float* xs, float* gu, float* act, float* ys, const float* bgu, const float* bd) {
+    const int64_t H = P.H, I = P.I, m0 = start[e];
+    const int M = start[e + 1] - start[e];
+    kernel.rows(c, GATE_UP, e, xs + m0 * H, H, M, bgu ? bgu + e * 2 * I : nullptr, gu + m0 * 2 * I, 2 * I, 0, 2 * I);
+    activate(P, gu, act, int(m0), int(m0) + M);
+    if (kernel.input_order) kernel.input_order(act + m0 * I, I, M, I);
+    kernel.rows(c, DOWN, e, act + m0 * I, I, M, bd ? bd + e * H : nullptr, ys + m0 * H, H, 0, H);
+}
+
+// Thread tid's share of the step when the active experts do not split evenly over the nt
+// threads: their gate_up rows, then the activations, then their down rows, split over the
+// threads (a barrier between: each needs the others' results). Called by every thread.
+void split_rows(const KernelCall& c, const MoeParams& P, const ExpertKernel& kernel, const int* active, int count,
+                const int32_t* start, const float* xs, float* gu, float* act, float* ys, const float* bgu,
+                const float* bd, int tid, int nt) {
+    const int64_t H = P.H, I = P.I;
+    const int pairs = start[P.local];
+    rows_share(c, kernel, GATE_UP, 2 * I, active, count, start, xs, H, bgu, 2 * I, gu, 2 * I, tid, nt);
+#pragma omp barrier
+    const int m0 = pairs * tid / nt, m1 = pairs * (tid + 1) / nt;
+    activate(P, gu, act, m0, m1);
+    if (kernel.input_order && m1 > m0) kernel.input_order(act + m0 * I, I, m1 - m0, I);
+#pragma omp barrier
+    rows_share(c, kernel, DOWN, H, active, count, start, act, I, bd, H, ys, H, tid, nt);
+}
+
+// Every (token, expert) pair of the step at once (at most kExpertChunk, in expert order) in
+// one parallel region; then each token sums its pairs in expert order, as the chunked path
+// does. When the active experts split evenly over the threads (batch-1 decode: top_k of
+// them), each thread takes whole experts: it streams its experts' weights alone and waits
+// for no other thread before the region ends (split_rows waits twice per step, and a thread
+// that is descheduled there, on a loaded machine, holds the other up). A row is computed the
+// same way either way, so results do not change.
 void run_small_batch(const KernelCall& c, const StepContext& ctx, const MoeParams& P, const ExpertKernel& kernel,
                      const int32_t* order, const int32_t* start, const float* weight, const float* x, int64_t ldx,
                      float* out, int64_t ldo, float* xs, float* gu, float* act, float* ys, const float* bgu,
                      const float* bd) {
-    const int H = P.H, I = P.I, k = P.k, L = P.local, pairs = start[L];
+    const int H = P.H, k = P.k, L = P.local, pairs = start[L];
     int active[kMoeMaxExperts], count = 0;
     for (int e = 0; e < L; ++e)
         if (start[e + 1] > start[e]) active[count++] = e;
@@ -169,13 +202,12 @@ void run_small_batch(const KernelCall& c, const StepContext& ctx, const MoeParam
 #pragma omp parallel num_threads(ctx.nthreads) if (ctx.nthreads > 1)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-        rows_share(c, kernel, GATE_UP, 2 * int64_t(I), active, count, start, xs, H, bgu, 2 * int64_t(I), gu, 2 * I, tid, nt);
-#pragma omp barrier
-        const int m0 = pairs * tid / nt, m1 = pairs * (tid + 1) / nt;
-        activate(P, gu, act, m0, m1);
-        if (kernel.input_order && m1 > m0) kernel.input_order(act + int64_t(m0) * I, I, m1 - m0, I);
-#pragma omp barrier
-        rows_share(c, kernel, DOWN, H, active, count, start, act, I, bd, H, ys, H, tid, nt);
+        if (count % nt == 0) {
+            for (int a = count * tid / nt; a < count * (tid + 1) / nt; ++a)
+                whole_expert(c, P, kernel, active[a], start, xs, gu, act, ys, bgu, bd);
+        } else {
+            split_rows(c, P, kernel, active, count, start, xs, gu, act, ys, bgu, bd, tid, nt);
+        }
     }
     for (int q = 0; q < pairs; ++q) axpy(weight[order[q]], ys + int64_t(q) * H, out + (order[q] / k) * ldo, H);
 }

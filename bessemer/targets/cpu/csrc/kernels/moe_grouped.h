@@ -51,10 +51,11 @@ void prepare_moe_routing(KernelCall& c, const PlanInfo& p, MoeParams& P, int mat
 
 // Optional: output rows [n0, n1) of the same product on the calling thread (n0 and n1
 // multiples of ExpertKernel::row_granule). A kernel that has it gets the small-batch path:
-// when a step's (token, expert) pairs fit one chunk (decode: top_k experts per token), all
-// active experts' gate_up rows, then their down rows, are split over the threads together in
-// one parallel region (two barriers, not two fork-joins per expert). Each output row is
-// computed as by ExpertMatmul, so results do not change.
+// when a step's (token, expert) pairs fit one chunk (decode: top_k experts per token), one
+// parallel region computes them all: each thread takes whole experts when they split evenly
+// over the threads (no barrier), else all active experts' gate_up rows, then their down rows,
+// are split over the threads together (two barriers, not two fork-joins per expert). Each
+// output row is computed as by ExpertMatmul, so results do not change.
 using ExpertRows = void (*)(const KernelCall& c, ExpertMatrix which, int e, const float* x, int64_t ldx, int M,
                             const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1);
 

@@ -3,10 +3,10 @@
 // (gate_up N = 2I, down N = H; quantization/formats.py ExpertStack). N is a multiple of 16,
 // so expert e's panels are the contiguous e-th slice of each stored part and every expert's
 // GEMM is the dense kernels' own (linear_quant*.cpp, linear_w4_bf16_avx512.cpp) on it. In a
-// small batch (decode) the driver hands each thread a run of whole panel groups of the routed
-// experts' rows, and the dense kernel computes them on that thread: the same arithmetic per
-// row as the whole GEMM (the dense kernels split rows over threads, never K), in one parallel
-// region per step instead of two fork-joins per expert.
+// small batch (decode) the driver hands each thread whole routed experts (or a run of whole
+// panel groups of their rows), and the dense kernel computes them on that thread: the same
+// arithmetic per row as the whole GEMM (the dense kernels split rows over threads, never K),
+// in one parallel region per step instead of two fork-joins per expert.
 //
 //   w8: weights [gate_up codes int8 panel16 (E*2I, H), scales f32 (E*2I), down codes (E*H, I),
 //       scales (E*H)] [gate_up_bias, down_bias]
