@@ -176,6 +176,9 @@ def _w4k_engine(tmp_path, w, table, bias, calib=WeightCalibration()):
 W4K_CASES = [  # M, N, K, bias, threads: decode (M <= 8), prefill, K blocks of several super-blocks,
     (1, 40, 256, False, 1), (1, 48, 576, True, 2), (3, 40, 576, False, 2),  # N off panels
     (17, 40, 1536, True, 2), (130, 33, 256, True, 2), (8, 200, 2304, False, 2),
+    # super-blocks of one sub-block (K = 32: each sub-block starts and ends its super-block)
+    # and of seven (K = 224)
+    (2, 64, 32, True, 1), (4, 72, 224, False, 2),
 ]
 
 

@@ -18,7 +18,8 @@
 // linear_w4k@1 (two-level parameters) is the asymmetric loop over sub-blocks of 32 whose
 // epilogue makes each sub-block's scale and offset from its uint8 codes and its
 // super-block's fp16 values: s = d * sc, o = -(dmin * m) (one fp32 rounding each, what the
-// fallback computes once at prepare).
+// fallback computes once at prepare); its partial sums stay in registers across the
+// call's sub-blocks instead of going through y after each (two_level_step).
 //
 // Decoding (panel16_int4: 8 bytes per panel and k; byte j = row j in the low nibble,
 // row 8 + j in the high nibble), for a 64-byte block (8 k) and a k pair p of it:
@@ -163,6 +164,42 @@ inline __m512 times_u8(__m512 v, const void* p) {
     return _mm512_mul_ps(v, c);
 }
 
+// TWO_LEVEL epilogue of sub-block g of the call's ng (j = g % per: its place in its
+// super-block). The asymmetric epilogue's arithmetic with s16 = (16 d) sc, o = (-dmin) m
+// (16 d and -dmin are exact, so these are 16 (d sc) and -(dmin m) rounded once, what the
+// fallback computes at prepare), but the running sums stay in Y (registers) across the
+// call's sub-blocks: y is read once (when accumulating) and written once per call instead
+// of loaded, masked and stored after every sub-block; the additions are the same, in the
+// same order, so the result is bit-identical. d16 / ndmin: the super-block's values,
+// widened from fp16 at its first sub-block.
+template <int MR, int NR>
+inline void two_level_step(const UkArgs& a, int g, int ng, int j, int per, const __m512 (&acc)[MR][NR],
+                           const float (&sx)[MR], __m512 (&d16)[NR], __m512 (&ndmin)[NR], __m512 (&Y)[MR][NR]) {
+    const int64_t ppanel = a.qpstride * per;  // code bytes between panels: 16 rows x K/32
+    const bool last = g == ng - 1;
+#pragma GCC unroll 4
+    for (int n = 0; n < NR; ++n) {
+        const int col0 = n * 16;
+        const __mmask16 mask = simd512::panel_mask_or_none(a.ncols - col0);
+        if (j == 0) {
+            const int64_t pi = n * a.qpstride + (g / per) * 16;
+            d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
+            ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
+        }
+        const __m512 s16 = times_u8(d16[n], reinterpret_cast<const uint8_t*>(a.qs) + n * ppanel + g * 16);
+        const __m512 o = times_u8(ndmin[n], reinterpret_cast<const uint8_t*>(a.qo) + n * ppanel + g * 16);
+        const __m512 b = simd512::load_bias16(last && a.bias ? a.bias + col0 : nullptr, mask);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512 sb = _mm512_set1_ps(sx[r]);
+            const __m512 v = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][n], sb), s16, _mm512_fmadd_ps(o, sb, b));
+            if (g > 0) Y[r][n] = _mm512_add_ps(Y[r][n], v);
+            else Y[r][n] = a.accumulate ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, a.y + r * a.ldy + col0)) : v;
+            if (last) _mm512_mask_storeu_ps(a.y + r * a.ldy + col0, mask, Y[r][n]);
+        }
+    }
+}
+
 // One call covers a.kc columns (a.kc / G groups) of MR rows x NR panels; a.x is the driver's
 // bf16 block (row stride a.ldx elements, even, zero pad), a.w the codes at its first k.
 // K8: panel16_int4_k8 codes (G and K multiples of 8: no partial block). SYM: symmetric
@@ -186,11 +223,14 @@ void ukr_w4_bf16(const UkArgs& a) {
     const float* pq_s = param_at(a.qs, pq_len, a.pbytes);
     const float* pq_o = SYM ? nullptr : param_at(a.qo, pq_len, a.pbytes);
     const int lines = (a.kc + 7) / 8;
-    const int64_t pq_step = (pq_len / 16 + lines - 1) / lines * 16;
-    // TWO_LEVEL: each panel's 16 d (times 16) and -dmin of the current super-block, widened
-    // from fp16 once per super-block; GEMV prefetches the next panel group's (sparse reads
-    // the hardware prefetcher does not follow, like the sub-block codes above).
-    __m512 d16[NR], ndmin[NR];
+    // parameters per prefetch: 16 (one group's of a panel: 32 or 64 bytes), or a cache line
+    // of TWO_LEVEL codes (16 x a.pbytes bytes, 96 or 128 with super-blocks of 192 or 256,
+    // would skip lines, each then a DRAM miss at a sub-block end: about 6% of a 1-thread
+    // GEMV over SmolLM2's decoder weights streamed from DRAM)
+    const int pq_inc = MODE == PK_TWO_LEVEL ? 64 / a.pbytes : 16;
+    const int64_t pq_step = (pq_len / pq_inc + lines - 1) / lines * pq_inc;
+    // TWO_LEVEL: GEMV prefetches the next panel group's fp16 d and dmin (sparse reads the
+    // hardware prefetcher does not follow, like the sub-block codes above).
     if (MODE == PK_TWO_LEVEL && a.pf_next) {
         const int64_t bytes = int64_t(a.kc / a.group) * 32;  // fp16 x 16 rows per super-block
         for (int n = 0; n < NR; ++n)
@@ -199,6 +239,8 @@ void ukr_w4_bf16(const UkArgs& a) {
                 _mm_prefetch(reinterpret_cast<const char*>(a.qdo + (NR + n) * a.qpstride) + b, _MM_HINT_T0);
             }
     }
+    __m512 d16[NR], ndmin[NR], Y[MR][NR];  // TWO_LEVEL (two_level_step)
+    int j = 0;                              // TWO_LEVEL: g % per
     // One chain of vdpbf16ps per output tile for every MR: extra accumulators for small MR
     // (fewer dependent steps at M = 1) would sum a row's k in another order than when the
     // row is in a larger batch (batch invariance, linear_driver.h).
@@ -219,7 +261,7 @@ void ukr_w4_bf16(const UkArgs& a) {
 #pragma GCC unroll 4
                     for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * 8 + a.pf_next, _MM_HINT_T1);
                     const int64_t i0 = (k / 8) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
-                    for (int64_t i = i0; i < i1; i += 16) {
+                    for (int64_t i = i0; i < i1; i += pq_inc) {
                         _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_s, i, a.pbytes)), _MM_HINT_T0);
                         if (!SYM) _mm_prefetch(reinterpret_cast<const char*>(param_at(pq_o, i, a.pbytes)), _MM_HINT_T0);
                     }
@@ -261,6 +303,11 @@ void ukr_w4_bf16(const UkArgs& a) {
         float sx[MR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
+        if (MODE == PK_TWO_LEVEL) {
+            two_level_step<MR, NR>(a, g, ng, j, per, acc, sx, d16, ndmin, Y);
+            if (++j == per) j = 0;
+            continue;
+        }
         const bool load_y = g > 0 || a.accumulate;
         const float* bias = g == ng - 1 ? a.bias : nullptr;
 #pragma GCC unroll 4
@@ -270,22 +317,10 @@ void ukr_w4_bf16(const UkArgs& a) {
             if (nc <= 0) break;
             const __mmask16 mask = simd512::panel_mask(nc);
             // panel16 params: padded to whole panels
-            __m512 s16, o;
             const __m512 b = simd512::load_bias16(bias ? bias + col0 : nullptr, mask);
-            if (MODE == PK_TWO_LEVEL) {  // sub-block g: super-block g / per, codes at byte (g % per) * 16
-                const int64_t pi = n * a.qpstride + (g / per) * 16;
-                const int64_t sub = pi * per + (g % per) * 16;
-                if (g % per == 0) {  // 16 d and -dmin are exact: (16 d) sc = 16 (d sc), (-dmin) m = -(dmin m)
-                    d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
-                    ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
-                }
-                s16 = times_u8(d16[n], reinterpret_cast<const uint8_t*>(a.qs) + sub);
-                o = times_u8(ndmin[n], reinterpret_cast<const uint8_t*>(a.qo) + sub);
-            } else {
-                const int64_t pi = n * a.qpstride + g * 16;
-                s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
-                o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
-            }
+            const int64_t pi = n * a.qpstride + g * 16;
+            const __m512 s16 = _mm512_mul_ps(load_params(a.qs, pi, a.pbytes), _mm512_set1_ps(16.0f));
+            const __m512 o = SYM ? b : load_params(a.qo, pi, a.pbytes);  // (unused when SYM)
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
                 __m512 v;
