@@ -80,15 +80,13 @@ def engine_expert_rows(engine, name: str, rank: int = 0) -> np.ndarray:
         from bessemer.quantization import fp8
 
         assert layout_names[codes_t["layout"]] == "panel16" and scales_t["shape"] == [n]
-        panels = stored(codes_t, np.uint8).reshape(-1, k, 16)  # panel16: [P, K, 16]
-        codes = np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(-1, k)[:n]
+        codes = layouts.unpack_panel16(stored(codes_t, np.uint8), n, k)
         return fp8.dequantize_fp8_per_channel(codes, stored(scales_t, np.float32))
     assert name + ".offsets" not in tensors  # symmetric codes: offset = -8 * scale
     unpack = {"panel16_int4_k8": layouts.unpack_panel16_int4_k8, "panel16_int4": layouts.unpack_panel16_int4}
     codes = unpack[layout_names[codes_t["layout"]]](stored(codes_t, np.uint8), n, k)
     g = scales_t["shape"][1]
-    panels = stored(scales_t, np.uint16).reshape(-1, g, 16)  # panel16: [P, G, 16]
-    scale = bfloat16_bits_to_float32(np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(-1, g)[:n])
+    scale = bfloat16_bits_to_float32(layouts.unpack_panel16(stored(scales_t, np.uint16), n, g))
     return prim.dequantize_int4(codes, scale, -8.0 * scale, k // g)
 
 

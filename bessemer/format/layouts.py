@@ -123,11 +123,16 @@ def pack_panel16_int4(codes: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(packed).reshape(-1)
 
 
-def unpack_panel16_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+def unpack_panel16(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+    """pack_panel16's flat [P, K, 16] elements -> the [N, K] rows (the padding dropped)."""
     n_pad = align_up(n, PANEL)
-    p = packed.reshape(n_pad // PANEL, k, 8)
-    panels = np.concatenate([p & 0xF, p >> 4], axis=2)  # [P, K, 16]
+    panels = packed.reshape(n_pad // PANEL, k, PANEL)
     return np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(n_pad, k)[:n]
+
+
+def unpack_panel16_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
+    p = packed.reshape(-1, k, 8)
+    return unpack_panel16(np.concatenate([p & 0xF, p >> 4], axis=2), n, k)  # [P, K, 16] codes
 
 
 def pack_panel16_int4_k8(codes: np.ndarray) -> np.ndarray:
