@@ -164,8 +164,8 @@ inline __m512 times_u8(__m512 v, const void* p) {
     return _mm512_mul_ps(v, c);
 }
 
-// TWO_LEVEL epilogue of sub-block g of the call's ng (j = g % per: its place in its
-// super-block). The asymmetric epilogue's arithmetic with s16 = (16 d) sc, o = (-dmin) m
+// TWO_LEVEL epilogue of sub-block g of the call's ng (per sub-blocks a super-block). The
+// asymmetric epilogue's arithmetic with s16 = (16 d) sc, o = (-dmin) m
 // (16 d and -dmin are exact, so these are 16 (d sc) and -(dmin m) rounded once, what the
 // fallback computes at prepare), but the running sums stay in Y (registers) across the
 // call's sub-blocks: y is read once (when accumulating) and written once per call instead
@@ -173,7 +173,7 @@ inline __m512 times_u8(__m512 v, const void* p) {
 // same order, so the result is bit-identical. d16 / ndmin: the super-block's values,
 // widened from fp16 at its first sub-block.
 template <int MR, int NR>
-inline void two_level_step(const UkArgs& a, int g, int ng, int j, int per, const __m512 (&acc)[MR][NR],
+inline void two_level_step(const UkArgs& a, int g, int ng, int per, const __m512 (&acc)[MR][NR],
                            const float (&sx)[MR], __m512 (&d16)[NR], __m512 (&ndmin)[NR], __m512 (&Y)[MR][NR]) {
     const int64_t ppanel = a.qpstride * per;  // code bytes between panels: 16 rows x K/32
     const bool last = g == ng - 1;
@@ -181,7 +181,7 @@ inline void two_level_step(const UkArgs& a, int g, int ng, int j, int per, const
     for (int n = 0; n < NR; ++n) {
         const int col0 = n * 16;
         const __mmask16 mask = simd512::panel_mask_or_none(a.ncols - col0);
-        if (j == 0) {
+        if (g % per == 0) {  // the super-block's first sub-block
             const int64_t pi = n * a.qpstride + (g / per) * 16;
             d16[n] = _mm512_mul_ps(load_half16(a.qds + pi), _mm512_set1_ps(16.0f));
             ndmin[n] = _mm512_sub_ps(_mm512_setzero_ps(), load_half16(a.qdo + pi));
@@ -240,7 +240,6 @@ void ukr_w4_bf16(const UkArgs& a) {
             }
     }
     __m512 d16[NR], ndmin[NR], Y[MR][NR];  // TWO_LEVEL (two_level_step)
-    int j = 0;                              // TWO_LEVEL: g % per
     // One chain of vdpbf16ps per output tile for every MR: extra accumulators for small MR
     // (fewer dependent steps at M = 1) would sum a row's k in another order than when the
     // row is in a larger batch (batch invariance, linear_driver.h).
@@ -304,8 +303,7 @@ void ukr_w4_bf16(const UkArgs& a) {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
         if (MODE == PK_TWO_LEVEL) {
-            two_level_step<MR, NR>(a, g, ng, j, per, acc, sx, d16, ndmin, Y);
-            if (++j == per) j = 0;
+            two_level_step<MR, NR>(a, g, ng, per, acc, sx, d16, ndmin, Y);
             continue;
         }
         const bool load_y = g > 0 || a.accumulate;
