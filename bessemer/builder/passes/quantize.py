@@ -13,9 +13,10 @@ codes by GPTQ from the tokens routed to it (so does fp8 with its default --fp8-r
 w4a16-awq searches each expert's gate/up and down grids for their output error on them and
 scales its down from them (all RTN for an expert too few reach:
 quantization/expert_calibration.py), the rest is round to nearest (fp8 experts scale their
-activations per token: a static scale is the linears' only); otherwise (w8a8-sq, which has no expert kernel; a target without a kernel for the
-format; rows, per tensor-parallel rank, that are not whole panels of 16; a shape the target's
-expert kernel refuses, such as cuda's 4-bit groups that are not a multiple of 32) they stay float32.
+activations per token: a static scale is the linears' only); otherwise (w8a8-sq, which has no
+expert kernel; a target without a kernel for the format; rows, per tensor-parallel rank, that
+are not whole panels of 16; a shape the target's expert kernel refuses, such as cuda's 4-bit
+groups that are not a multiple of 32) they stay float32.
 expert_notes() says which, for the build log.
 
 An untied embedding table follows QuantConfig.embedding (none by default; a tied one is
