@@ -128,6 +128,8 @@ def enable() -> None:
     interp._patch_builtin = patch_builtin
     interp._get_np_dtype = _remembered_np_dtypes(interp._get_np_dtype, tl)
     _format_tuple_type_names_when_read(tl.core.tuple_type)
+    _format_block_type_names_when_read(tl.core)
+    _type_tuples_when_read(tl.core)
     interp._convert_float = convert_float
     interp._patch_lang_tensor = patch_lang_tensor
     setattr(interp, _MARK, True)
@@ -160,6 +162,50 @@ def _format_tuple_type_names_when_read(tuple_type) -> None:
 
     tuple_type.__init__ = __init__
     tuple_type.name = property(lambda self: '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']')
+
+
+def _format_block_type_names_when_read(core) -> None:
+    """block_type.name as triton formats it, computed on each read instead of in __init__
+    (its hash and its str read it; most of the interpreter's block types are never hashed).
+    The rest of __init__ is triton's."""
+    def __init__(self, element_ty, shape):
+        self.element_ty = element_ty
+        # `tuple` in triton's core.py is its own tl.tuple, which shadows the builtin
+        assert isinstance(shape, (list, core.tuple))
+        self.shape = core.tuple(core._unwrap_shape(shape))
+        if not self.shape:
+            raise TypeError('0d block_type is forbidden')
+        self.numel = core.validate_block_shape(self.shape)
+
+    core.block_type.__init__ = __init__
+    core.block_type.name = property(lambda self: f'<{self.shape}, {self.element_ty}>')
+
+
+def _type_tuples_when_read(core) -> None:
+    """tl.tuple's type (a tuple_type of its values' types) built on first read instead of in
+    __init__: every tensor's shape is a tl.tuple, and few of them have their type read. The
+    values of a tl.tuple change only through _setitem, which sets the type it computes."""
+    tuple_cls, tuple_type = core.tuple, core.tuple_type
+
+    def __init__(self, args, type=None):
+        self.values = [i for i in args]
+        if isinstance(type, tuple_type):
+            self._type = type
+        elif type is not None:  # make_template in ASTFunction.deserialize may pass a list/tuple
+            self._type = tuple_type(type)
+        else:
+            self._type = None
+
+    def get_type(self):
+        if self._type is None:
+            self._type = core._type_for_tuple_values(self.values)
+        return self._type
+
+    def set_type(self, value):
+        self._type = value
+
+    tuple_cls.__init__ = __init__
+    tuple_cls.type = property(get_type, set_type)
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
