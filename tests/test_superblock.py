@@ -179,6 +179,9 @@ W4K_CASES = [  # M, N, K, bias, threads: decode (M <= 8), prefill, K blocks of s
     # super-blocks of one sub-block (K = 32: each sub-block starts and ends its super-block)
     # and of seven (K = 224)
     (2, 64, 32, True, 1), (4, 72, 224, False, 2),
+    # a GEMV wider than the prepared-activation buffer: K blocks whose bf16 rows carry their
+    # sub-block sums after them (linear_driver.h, x_sums)
+    (1, 32, 16384, True, 2),
 ]
 
 

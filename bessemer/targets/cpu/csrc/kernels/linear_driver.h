@@ -191,7 +191,10 @@ struct UkArgs {
 // stride ldq elements of esize bytes, ldq = kc rounded up to even, the pad column zero),
 // and the microkernels read it through UkArgs::x / ldx (a.x points into the buffer, to be
 // cast to the element type; ldx is then in elements of esize bytes). Converting once per
-// block instead of per panel group keeps the conversion off the weight stream.
+// block instead of per panel group keeps the conversion off the weight stream. With
+// QuantParams::x_sums = S > 0 each prepared row also carries ceil(kc / S) fp32 values after its
+// even-padded kc elements (the prep function's own, e.g. the sums of each S columns, made
+// once per block instead of once per panel group): ldq grows by 4 / esize elements each.
 using XPrepFn = void (*)(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq);
 constexpr int kXPrepBytes = 128 * 1024;  // per-thread prepared-activation buffer
 
@@ -206,6 +209,7 @@ struct QuantParams {
     int pbytes = 4;  // 2: group-wise scales/offsets are bf16 (only kernels that read bf16 get them)
     const uint16_t* super_scales = nullptr;   // linear_w4k: fp16 panel16 [N, K/group] (UkArgs::qds)
     const uint16_t* super_offsets = nullptr;
+    int x_sums = 0;  // > 0: prepared rows carry ceil(kc / x_sums) fp32 values after their data (XPrepFn)
 };
 
 // p advanced by n elements of pbytes bytes.
@@ -253,7 +257,11 @@ struct PanelFamily {
         int kc = (K + n - 1) / n;
         // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
         // groups; one group always fits, group <= kXPrepMaxGroup).
-        const int cap = prep ? (kXPrepBytes / (MR * esize)) & ~1 : K;
+        // With x_sums, a column costs esize + 4 / x_sums bytes.
+        const int xs = q ? q->x_sums : 0;
+        const int cap = !prep ? K
+                        : xs > 0 ? int(int64_t(kXPrepBytes / (MR * esize)) * (xs * esize) / (xs * esize + 4)) & ~1
+                                 : (kXPrepBytes / (MR * esize)) & ~1;
         if (kc > cap) {
             n = (K + cap - 1) / cap;
             kc = (K + n - 1) / n;
@@ -263,7 +271,7 @@ struct PanelFamily {
             if (kc > cap) kc = drv_max(group, cap / group * group);
             n = (K + kc - 1) / kc;
         }
-        ldq = (kc + 1) / 2 * 2;
+        ldq = (kc + 1) / 2 * 2 + (xs > 0 ? (kc + xs - 1) / xs * (4 / esize) : 0);
         nkb = n;
         // Row block: x block of about 384 KiB (L2), a multiple of MR (and within the buffer).
         int Mc = (384 * 1024 / 4) / kc;

@@ -19,7 +19,10 @@
 // epilogue makes each sub-block's scale and offset from its uint8 codes and its
 // super-block's fp16 values: s = d * sc, o = -(dmin * m) (one fp32 rounding each, what the
 // fallback computes once at prepare); its partial sums stay in registers across the
-// call's sub-blocks instead of going through y after each (two_level_step).
+// call's sub-blocks instead of going through y after each (two_level_step), and its
+// sub-blocks' sums of x are made once per x block with the bf16 rounding (prep_bf16_sums)
+// instead of once per panel group (the same sum_bf16 values; remaking them was about 9% of
+// the GEMV microkernel's samples in a SmolLM2 decode profile).
 //
 // Decoding (panel16_int4: 8 bytes per panel and k; byte j = row j in the low nibble,
 // row 8 + j in the high nibble), for a 64-byte block (8 k) and a k pair p of it:
@@ -150,6 +153,18 @@ inline float sum_bf16(const uint16_t* p, int n) {
     return _mm512_reduce_add_ps(s);
 }
 
+// TWO_LEVEL x blocks (QuantParams::x_sums = 32): a prepared row of kc bf16 values (even
+// padded) is followed by the fp32 sums of its sub-blocks of 32 (sum_bf16, the same values
+// the other modes make per panel group), made once per block by prep_bf16_sums.
+constexpr int kSub = 32;
+
+// the sum of sub-block j of the prepared row xr (kc columns).
+inline float block_sum(const uint16_t* xr, int kc, int j) {
+    float v;
+    __builtin_memcpy(&v, xr + (kc + 1) / 2 * 2 + 2 * j, 4);
+    return v;
+}
+
 // Group parameters: bf16/fp32 scale and offset, scale only, or two-level (linear_w4k).
 enum ParamKind { PK_ASYM = 0, PK_SYM = 1, PK_TWO_LEVEL = 2 };
 
@@ -215,7 +230,7 @@ void ukr_w4_bf16(const UkArgs& a) {
     const char* wp[NR];
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
-    const int G = MODE == PK_TWO_LEVEL ? 32 : a.group, ng = a.kc / G;
+    const int G = MODE == PK_TWO_LEVEL ? kSub : a.group, ng = a.kc / G;
     const int per = a.group / 32;  // TWO_LEVEL: sub-blocks per super-block
     // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel) into L2,
     // and the current panels' codes kNearLines lines ahead into L1 (see kNearLines).
@@ -300,12 +315,14 @@ void ukr_w4_bf16(const UkArgs& a) {
             }
         }
         float sx[MR];
+        if (MODE == PK_TWO_LEVEL) {  // the sums made once per x block (prep_bf16_sums)
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
-        if (MODE == PK_TWO_LEVEL) {
+            for (int r = 0; r < MR; ++r) sx[r] = block_sum(xr[r], a.kc, g);
             two_level_step<MR, NR>(a, g, ng, per, acc, sx, d16, ndmin, Y);
             continue;
         }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) sx[r] = sum_bf16(xr[r] + k0, G);
         const bool load_y = g > 0 || a.accumulate;
         const float* bias = g == ng - 1 ? a.bias : nullptr;
 #pragma GCC unroll 4
@@ -371,6 +388,19 @@ void prep_bf16(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t
     }
 }
 
+// XPrepFn of TWO_LEVEL: prep_bf16, then each row's sub-block sums after its values (see
+// block_sum; kc is whole super-blocks, so whole sub-blocks).
+void prep_bf16_sums(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
+    prep_bf16(x, ldx, rows, kc, out, ldq);
+    for (int r = 0; r < rows; ++r) {
+        uint16_t* d = static_cast<uint16_t*>(out) + r * ldq;
+        for (int j = 0; j < kc / kSub; ++j) {
+            const float v = sum_bf16(d + j * kSub, kSub);
+            __builtin_memcpy(d + (kc + 1) / 2 * 2 + 2 * j, &v, 4);
+        }
+    }
+}
+
 }  // namespace
 
 void linear_w4_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, bool k8, const void* scales,
@@ -392,8 +422,9 @@ void linear_w4k_bf16_avx512(const float* x, int64_t ldx, int M, const uint8_t* c
                    super_block / 32};
     qp.super_scales = super_scales;
     qp.super_offsets = super_offsets;
+    qp.x_sums = kSub;
     linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR, M <= 4 ? kNR : kNR8, kTableK8TwoLevel.f,
-                   kNR + 1, &qp, prep_bf16, 2);
+                   kNR + 1, &qp, prep_bf16_sums, 2);
 }
 
 bool linear_w4_bf16_avx512_available(bool k8) {
