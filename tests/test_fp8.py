@@ -16,7 +16,7 @@ from bessemer.quantization.calibration import CalibrationSpec, collect
 from bessemer.quantization.config import QuantConfig
 from bessemer.quantization.primitives import sqnr_db
 from bessemer.runtime.llm import LLM
-from conftest import WIKITEXT, _hf_model, linear_input_keys, llama_input_key
+from conftest import SMOLLM2_CALIB, WIKITEXT, _hf_model, linear_input_keys, llama_input_key
 from tolerances import FP8_FAKE_QUANT_LOGITS_RTOL, FP8_PPL_REL_TARGET, FP8_WEIGHT_MIN_SQNR_DB
 
 
@@ -277,16 +277,16 @@ def _check_logits(llm, kind, tiny_checkpoint, scales, act_group=0):
 
 
 @pytest.mark.slow
-def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, calibration_text):
+def test_smollm2_fp8_perplexity(smollm2_dir, smollm2_engine, tmp_path, smollm2_calibration):
     """WikiText-2 by the issue's protocol (8192 tokens, windows of 1024), calibration on the
     held-out second half: fp8 (GPTQ-rounded E4M3 weights, static E4M3 activations) within
-    FP8_PPL_REL_TARGET of the fp32 engine. The calibration statistics come from the shared
-    cache when a run has computed them before (keyed by the content of the checkpoint and the
-    text, as the quantization tests of test_quant_smollm2 use it); statistics computed afresh
-    are tested against a direct forward of SmolLM2 in test_calibrated_quant."""
+    FP8_PPL_REL_TARGET of the fp32 engine. The calibration is the run's shared one (16 x 256
+    tokens, collected once for this test and the 4-bit ones of test_quant_smollm2:
+    conftest.smollm2_calibration); statistics computed afresh are tested against a direct
+    forward of SmolLM2 in test_calibrated_quant."""
     from bessemer.runtime.evaluate import perplexity, read_dataset, windows
 
-    quant = QuantConfig("fp8", calib_data=str(calibration_text), calib_samples=8, calib_seq_len=512)
+    quant = QuantConfig("fp8", calib_data=str(smollm2_calibration), **SMOLLM2_CALIB)
     engine = build_engine(smollm2_dir, tmp_path / "fp8", BuildConfig(quant=quant, max_seq_len=2048))
     base = LLM(smollm2_engine("float32"), num_threads=2, enable_prefix_caching=False)
     wins = windows(base.tokenizer.encode(read_dataset(WIKITEXT), add_special_tokens=False), 1024, 8192)
