@@ -158,10 +158,14 @@ inline float sum_bf16(const uint16_t* p, int n) {
 // the other modes make per panel group), made once per block by prep_bf16_sums.
 constexpr int kSub = 32;
 
+// where the sum of sub-block j of a prepared row of kc columns lies, in bf16 elements from
+// the row's start: after its even-padded values (linear_driver.h: XPrepFn, ldq).
+inline int64_t block_sum_at(int kc, int j) { return (kc + 1) / 2 * 2 + 2 * j; }
+
 // the sum of sub-block j of the prepared row xr (kc columns).
 inline float block_sum(const uint16_t* xr, int kc, int j) {
     float v;
-    __builtin_memcpy(&v, xr + (kc + 1) / 2 * 2 + 2 * j, 4);
+    __builtin_memcpy(&v, xr + block_sum_at(kc, j), 4);
     return v;
 }
 
@@ -231,7 +235,7 @@ void ukr_w4_bf16(const UkArgs& a) {
 #pragma GCC unroll 4
     for (int n = 0; n < NR; ++n) wp[n] = a.w + n * a.pstride;
     const int G = MODE == PK_TWO_LEVEL ? kSub : a.group, ng = a.kc / G;
-    const int per = a.group / 32;  // TWO_LEVEL: sub-blocks per super-block
+    const int per = a.group / kSub;  // TWO_LEVEL: sub-blocks per super-block
     // GEMV prefetch as in linear_quant_avx512.cpp (one cache line = 8 k of a panel) into L2,
     // and the current panels' codes kNearLines lines ahead into L1 (see kNearLines).
     const int64_t pq_len = a.pf_next ? NR * a.qpstride : 0;
@@ -396,7 +400,7 @@ void prep_bf16_sums(const float* x, int64_t ldx, int rows, int kc, void* out, in
         uint16_t* d = static_cast<uint16_t*>(out) + r * ldq;
         for (int j = 0; j < kc / kSub; ++j) {
             const float v = sum_bf16(d + j * kSub, kSub);
-            __builtin_memcpy(d + (kc + 1) / 2 * 2 + 2 * j, &v, 4);
+            __builtin_memcpy(d + block_sum_at(kc, j), &v, 4);
         }
     }
 }
