@@ -68,22 +68,58 @@ def test_gptq_blocks_and_column_order_match_the_unblocked_algorithm():
     x[:, 7] = 0.0
     h = x.T.astype(np.float64) @ x
     assert w.shape[1] > 2 * BLOCK
-    fp8_scale = fp8.channel_scales(w)  # (N,)
-    int4_scale, int4_offset = (v.T.copy() for v in prim.int4_group_params(w, 32, zero_point=True))  # (K/32, N)
-
-    def nearest_e4m3(col, j):  # col: (N,) column j
-        return fp8.round_to_e4m3(np.clip(col / fp8_scale, -fp8.E4M3_MAX, fp8.E4M3_MAX)) * fp8_scale
-
-    def nearest_int4(col, j):
-        s, o = int4_scale[j // 32], int4_offset[j // 32]
-        return np.clip(np.rint((col - o) / s), 0, prim.INT4_LEVELS - 1) * s + o
-
-    for name, round_column in (("e4m3", nearest_e4m3), ("int4 g32", nearest_int4)):
+    for name, grid in _grids(w).items():
         for act_order in (False, True):
-            got = gptq(w, h, round_column, act_order)
-            want = _unblocked_gptq(w, h, round_column, act_order)
+            got = gptq(w, h, grid, act_order)
+            want = _unblocked_gptq(w, h, grid.round, act_order)
             same = np.isclose(got, want, rtol=1e-6, atol=0).mean()
             assert same >= 0.99, (name, act_order, same)
+
+
+def _grids(w):
+    """The grids GPTQ rounds to (gptq.ColumnGrid): E4M3 per output row, int4 groups of 32 with
+    offsets, and the two-level format's sub-block grid, whose divisor is 1 where a scale is 0."""
+    from bessemer.quantization.gptq import ColumnGrid
+
+    scale, offset = (v.T.copy() for v in prim.int4_group_params(w, 32, zero_point=True))  # (K/32, N)
+    zeroed = scale.copy()
+    zeroed[1, ::5] = 0.0
+    return {"e4m3": ColumnGrid("e4m3", fp8.channel_scales(w)),
+            "int4 g32": ColumnGrid("int4", scale, offset, scale, 32),
+            "int4 zero scales": ColumnGrid("int4", zeroed, offset, np.where(zeroed > 0, zeroed, np.float32(1)), 32)}
+
+
+@pytest.mark.parametrize("n,k", [(37, 320), (200, 96)])
+def test_native_gptq_columns_are_the_numpy_reference_bit_for_bit(n, k):
+    """gptq's native column loop (gptq_block_columns: its rounding to each grid, the in-block
+    error updates, rows over threads) against its NumPy statement gptq_columns_reference, bit
+    for bit: K = 320 spans three blocks of 128 (the last partial), N = 37 is no multiple of a
+    vector, an input channel is dead; act-order permutes the columns; 1 and 3 threads."""
+    from bessemer import _C
+    from bessemer.quantization.gptq import gptq, gptq_columns_reference
+
+    rng = np.random.default_rng(5)
+    x, w = _activations(rows=512, k=k, seed=6), rng.standard_normal((n, k)).astype(np.float32)
+    x[:, 3] = 0.0
+    h = x.T.astype(np.float64) @ x
+    for name, grid in _grids(w).items():
+        for act_order in (False, True):
+            got = gptq(w, h, grid, act_order)
+            want = gptq(w, h, grid, act_order, columns=gptq_columns_reference)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, act_order)
+        hinv = np.triu(rng.standard_normal((k, k)).astype(np.float32)) + 4 * np.eye(k, dtype=np.float32)
+        order = rng.permutation(k)
+        outs = []
+        for threads in (1, 3):
+            wt, qt = w.T.copy(), np.zeros((k, n), np.float32)
+            err = _C.gptq_block_columns(wt, hinv, 0, min(k, 128), order, qt, grid.kind, grid.scale, grid.offset,
+                                        grid.divisor, grid.group, threads)
+            outs.append((wt, qt, err))
+        wt, qt = w.T.copy(), np.zeros((k, n), np.float32)
+        err = gptq_columns_reference(wt, hinv, 0, min(k, 128), order, qt, grid)
+        for threads, (got_wt, got_qt, got_err) in zip((1, 3), outs):
+            assert np.array_equal(got_qt, qt) and np.array_equal(got_err, err), (name, threads)
+            assert np.array_equal(got_wt, wt), (name, threads)
 
 
 @pytest.mark.parametrize("k,rows", [(96, 1024), (320, 200)])

@@ -9,20 +9,74 @@ columns by decreasing Hessian diagonal. Reference: Frantar et al., 2022.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from bessemer.quantization import fp8
 from bessemer.quantization import primitives as prim
 
 DAMP = 0.01
 BLOCK = 128
 
 
-def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: bool = False) -> np.ndarray:
-    """w: (N, K) fp32, hessian: (K, K) = sum x^T x; round_column(col (N,), j) -> the grid
-    value nearest col for original column j, (N,) float32 NumPy. Returns the chosen
-    (N, K) fp32 weight, every entry on the grid."""
+@dataclass(frozen=True)
+class ColumnGrid:
+    """The fixed grid each column is rounded to, for output row n of original column j:
+      int4: clip(rint((w - offset) / divisor), 0, 15) * scale + offset, the (K // group, N)
+            arrays read at row j // group (divisor: the scale, or 1 where a scale is 0);
+      e4m3: e4m3(clip(w / scale, -448, 448)) * scale, scale (N,) per output row, rounded to
+            nearest even (fp8.round_to_e4m3)."""
+    kind: str  # "int4" | "e4m3"
+    scale: np.ndarray  # float32
+    offset: np.ndarray | None = None
+    divisor: np.ndarray | None = None
+    group: int = 0
+
+    def round(self, col: np.ndarray, j: int) -> np.ndarray:
+        """The grid value nearest each entry of column j (N,) float32: the NumPy statement."""
+        if self.kind == "int4":  # np.rint: halves to even
+            g = j // self.group
+            return (np.clip(np.rint((col - self.offset[g]) / self.divisor[g]), 0, prim.INT4_LEVELS - 1)
+                    * self.scale[g] + self.offset[g])
+        return fp8.round_to_e4m3(np.clip(col / self.scale, -fp8.E4M3_MAX, fp8.E4M3_MAX)) * self.scale
+
+
+def gptq_columns_reference(wt: np.ndarray, hinv: np.ndarray, i1: int, i2: int, order: np.ndarray, qt: np.ndarray,
+                           grid: ColumnGrid) -> np.ndarray:
+    """GPTQ's column loop over the block of columns i1..i2 (NumPy): each column of the
+    transposed weight wt (K, N), updated in place, rounded to the grid into qt (K, N), its
+    error spread over the block's later columns through the inverse-Hessian factor hinv
+    (K, K) fp32; order (K,): each column's original index. Returns the scaled errors (N, B),
+    the block update's left operand. gptq_block_columns (native) computes the same bits."""
+    W1, h1 = wt[i1:i2], hinv[i1:i2, i1:i2]  # (B, N) view, updated in place; (B, B)
+    E1 = np.empty((wt.shape[1], i2 - i1), np.float32)  # (N, B): the GEMM's layout
+    for i in range(i2 - i1):
+        col = W1[i]
+        q = grid.round(col, int(order[i1 + i]))
+        qt[i1 + i] = q
+        err = (col - q) / h1[i, i]
+        W1[i + 1:] -= h1[i, i + 1:, None] * err[None, :]
+        E1[:, i] = err
+    return E1
+
+
+def gptq_block_columns(wt, hinv, i1, i2, order, qt, grid: ColumnGrid) -> np.ndarray:
+    """gptq_columns_reference in native code over every core (bessemer._C,
+    targets/cpu/csrc/kernels/gptq_columns.cpp), bit-identical: the NumPy loop's temporaries
+    were most of a SmolLM2 GPTQ build's time."""
+    from bessemer import _C
+
+    return _C.gptq_block_columns(wt, hinv, i1, i2, order, qt, grid.kind, grid.scale, grid.offset, grid.divisor,
+                                 grid.group)
+
+
+def gptq(w: np.ndarray, hessian: np.ndarray, grid: ColumnGrid, act_order: bool = False,
+         columns: Callable = gptq_block_columns) -> np.ndarray:
+    """w: (N, K) fp32, hessian: (K, K) = sum x^T x; grid: the values each column may take.
+    Returns the chosen (N, K) fp32 weight, every entry on the grid. columns: the column loop
+    (gptq_block_columns, or its reference)."""
     import torch
 
     W = torch.from_numpy(np.array(w, dtype=np.float32))
@@ -35,26 +89,15 @@ def gptq(w: np.ndarray, hessian: np.ndarray, round_column: Callable, act_order: 
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(k)
     W, H = W[:, perm], H[perm][:, perm]
     hinv = inverse_cholesky_upper(H).float()
-    # The column loop runs K times per matrix on (N,) operands, so the cost of each call
-    # bounds it: a NumPy call costs a fraction of a torch one (a 4-bit SmolLM2 build: 39 -> 29
-    # CPU seconds). Columns are rows of the transposed weight, contiguous. Each element goes
-    # through the same float32 operations in either library, and the block update's GEMM
-    # stays in torch, so the codes are those of the torch statement, bit for bit.
+    # Columns are rows of the transposed weight, contiguous; the block update's GEMM stays in
+    # torch, so the codes are those of the torch statement, bit for bit.
     Wt = W.T.contiguous().numpy()  # (K, N)
     hinv_np = hinv.numpy()  # (K, K)
     order = perm.numpy()
     Qt = np.empty_like(Wt)  # (K, N)
     for i1 in range(0, k, BLOCK):
         i2 = min(i1 + BLOCK, k)
-        W1, h1 = Wt[i1:i2], hinv_np[i1:i2, i1:i2]  # (B, N) view, updated in place; (B, B)
-        E1 = np.empty((W.shape[0], i2 - i1), np.float32)  # (N, B): the GEMM's layout
-        for i in range(i2 - i1):
-            col = W1[i]
-            q = round_column(col, int(order[i1 + i]))
-            Qt[i1 + i] = q
-            err = (col - q) / h1[i, i]
-            W1[i:] -= h1[i, i:, None] * err[None, :]
-            E1[:, i] = err
+        E1 = columns(Wt, hinv_np, i1, i2, order, Qt, grid)  # (N, B)
         Wt[i2:] -= (torch.from_numpy(E1) @ hinv[i1:i2, i2:]).numpy().T
     return np.ascontiguousarray(Qt[np.argsort(order)].T)
 
@@ -81,12 +124,7 @@ def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
 
     scale, offset = int4_grid(w, group, zero_point, importance=np.diag(hessian).astype(np.float32))
     sc, off = np.ascontiguousarray(scale.T), np.ascontiguousarray(offset.T)  # (K // group, N)
-
-    def round_column(col, j):  # np.rint: halves to even, as torch.round
-        s, o = sc[j // group], off[j // group]
-        return np.clip(np.rint((col - o) / s), 0, prim.INT4_LEVELS - 1) * s + o
-
-    Q = gptq(w, hessian, round_column, act_order)
+    Q = gptq(w, hessian, ColumnGrid("int4", sc, off, sc, group), act_order)
     return prim.quantize_int4(Q, scale, offset, group), scale, offset
 
 
@@ -100,27 +138,13 @@ def gptq_superblock(w: np.ndarray, hessian: np.ndarray, grid: dict[str, np.ndarr
     scale, offset = sb.expand(grid["super_scales"], grid["scales"], grid["super_offsets"], grid["offsets"])
     sc, off = np.ascontiguousarray(scale.T), np.ascontiguousarray(offset.T)  # (K // 32, N)
     safe = np.where(sc > 0, sc, np.float32(1.0))
-
-    def round_column(col, j):  # np.rint: halves to even, as torch.round
-        s, o = sc[j // sb.SUB], off[j // sb.SUB]
-        return np.clip(np.rint((col - o) / safe[j // sb.SUB]), 0, prim.INT4_LEVELS - 1) * s + o
-
-    Q = gptq(w, hessian, round_column, act_order)
+    Q = gptq(w, hessian, ColumnGrid("int4", sc, off, safe, sb.SUB), act_order)
     return sb.quantize_codes(Q, grid)
 
 
 def gptq_fp8(w: np.ndarray, hessian: np.ndarray, act_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """E4M3 codes (N, K) uint8 and the per-channel scales (N,) of round to nearest
     (amax / 448 of each original row), the codes chosen by GPTQ."""
-    import torch
-
-    from bessemer.quantization import fp8
-
     scale = fp8.channel_scales(w)  # (N,)
-
-    def round_column(col, j):  # torch's cast is round to nearest even, like fp8.round_to_e4m3
-        v = torch.from_numpy(np.clip(col / scale, -fp8.E4M3_MAX, fp8.E4M3_MAX))
-        return v.to(torch.float8_e4m3fn).to(torch.float32).numpy() * scale
-
-    Q = gptq(w, hessian, round_column, act_order)
+    Q = gptq(w, hessian, ColumnGrid("e4m3", scale), act_order)
     return fp8.encode_e4m3(Q / scale[:, None]), scale
