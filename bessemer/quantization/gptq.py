@@ -63,13 +63,16 @@ def gptq_columns_reference(wt: np.ndarray, hinv: np.ndarray, i1: int, i2: int, o
 
 
 def gptq_block_columns(wt, hinv, i1, i2, order, qt, grid: ColumnGrid) -> np.ndarray:
-    """gptq_columns_reference in native code over every core (bessemer._C,
-    targets/cpu/csrc/kernels/gptq_columns.cpp), bit-identical: the NumPy loop's temporaries
-    were most of a SmolLM2 GPTQ build's time."""
+    """gptq_columns_reference in native code (bessemer._C,
+    targets/cpu/csrc/kernels/gptq_columns.cpp), bit-identical, on as many threads as torch's
+    pool, which runs the rest of GPTQ (its factorisation and block updates): a process told to
+    use one core (OMP_NUM_THREADS=1 beside other busy processes) keeps to one here too."""
+    import torch
+
     from bessemer import _C
 
     return _C.gptq_block_columns(wt, hinv, i1, i2, order, qt, grid.kind, grid.scale, grid.offset, grid.divisor,
-                                 grid.group)
+                                 grid.group, torch.get_num_threads())
 
 
 def gptq(w: np.ndarray, hessian: np.ndarray, grid: ColumnGrid, act_order: bool = False,
