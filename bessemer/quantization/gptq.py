@@ -110,12 +110,32 @@ def inverse_cholesky_upper(h):
     column updates read, for a symmetric positive definite (K, K) float64 torch tensor h.
     With J the reversal of the order and J h J = M M^T (M lower), h^-1 = (J M^-1 J)^T (J M^-1 J)
     and J M^-1 J is upper triangular with a positive diagonal, so it is that Cholesky factor:
-    one factorisation and one triangular solve, where chol(inv(h)) takes two and an inverse
+    one factorisation and one triangular inverse, where chol(inv(h)) takes two and an inverse
     (measured on 2 cores: K = 1536 0.25 s against 1.8-6.5 s, K = 4096 3 s against 4.7-8.9 s)."""
     import torch
 
-    m = torch.linalg.cholesky(h.flip(0, 1))
-    return torch.linalg.solve_triangular(m, torch.eye(h.shape[0], dtype=h.dtype), upper=False).flip(0, 1)
+    return lower_triangular_inverse(torch.linalg.cholesky(h.flip(0, 1))).flip(0, 1)
+
+
+TRIANGULAR_LEAF = 128
+
+
+def lower_triangular_inverse(m):
+    """m^-1 of a lower-triangular (K, K) torch tensor with a nonzero diagonal, by halves:
+    [[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1, C^-1]], so that most of its K^3 / 3
+    multiply-adds are matrix products; a triangular solve against the identity costs K^3
+    (one thread: K = 1536 0.15 s against 0.31 s, K = 576 0.013 s against 0.024 s)."""
+    import torch
+
+    k = m.shape[0]
+    if k <= TRIANGULAR_LEAF:
+        return torch.linalg.solve_triangular(m, torch.eye(k, dtype=m.dtype), upper=False)
+    h = k // 2
+    a_inv, c_inv = lower_triangular_inverse(m[:h, :h]), lower_triangular_inverse(m[h:, h:])
+    out = torch.zeros_like(m)
+    out[:h, :h], out[h:, h:] = a_inv, c_inv
+    out[h:, :h] = -(c_inv @ (m[h:, :h] @ a_inv))
+    return out
 
 
 def gptq_int4(w: np.ndarray, hessian: np.ndarray, group: int, zero_point: bool,
