@@ -25,7 +25,9 @@ its type's name eagerly: together about a sixth of an interpreted step; the dtyp
 remembered per element type here, and a tuple type's name is formatted when it is read. A
 tl.tuple's type and a block type's name, built eagerly for each of an op's several tensors and
 rarely read, are built when read (about a tenth less CPU on an interpreted test file). These
-replace triton 3.6's own __init__s (setup.py pins that version).
+replace triton 3.6's own __init__s (setup.py pins that version). interpreter_fast_paths.py holds
+the rest: the int32 overflow checks whose assert is dropped, a helper call's re-patching of the
+language inside a launch, and block types', dtypes' and tensors' bookkeeping.
 
 Bit for bit, then, the interpreter computes what the GPU computes where the kernels use
 only exactly rounded fp32 operations in a fixed order: loads, stores, conversions,
@@ -48,6 +50,7 @@ import os
 import numpy as np
 
 from bessemer.errors import BessemerError
+from bessemer.targets.cuda import interpreter_fast_paths
 
 _MARK = "_bessemer_patched"
 
@@ -131,8 +134,8 @@ def enable() -> None:
     interp._patch_builtin = patch_builtin
     interp._get_np_dtype = _remembered_np_dtypes(interp._get_np_dtype, tl)
     _format_tuple_type_names_when_read(tl.core.tuple_type)
-    _format_block_type_names_when_read(tl.core)
     _type_tuples_when_read(tl.core)
+    interpreter_fast_paths.install(interp, tl)
     interp._convert_float = convert_float
     interp._patch_lang_tensor = patch_lang_tensor
     setattr(interp, _MARK, True)
@@ -165,23 +168,6 @@ def _format_tuple_type_names_when_read(tuple_type) -> None:
 
     tuple_type.__init__ = __init__
     tuple_type.name = property(lambda self: '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']')
-
-
-def _format_block_type_names_when_read(core) -> None:
-    """block_type.name as triton formats it, computed on each read instead of in __init__
-    (its hash and its str read it; most of the interpreter's block types are never hashed).
-    The rest of __init__ is triton's."""
-    def __init__(self, element_ty, shape):
-        self.element_ty = element_ty
-        # `tuple` in triton's core.py is its own tl.tuple, which shadows the builtin
-        assert isinstance(shape, (list, core.tuple))
-        self.shape = core.tuple(core._unwrap_shape(shape))
-        if not self.shape:
-            raise TypeError('0d block_type is forbidden')
-        self.numel = core.validate_block_shape(self.shape)
-
-    core.block_type.__init__ = __init__
-    core.block_type.name = property(lambda self: f'<{self.shape}, {self.element_ty}>')
 
 
 def _type_tuples_when_read(core) -> None:

@@ -1,0 +1,87 @@
+"""The fast paths interpreter.enable() installs (bessemer/targets/cuda/interpreter_fast_paths.py)
+give what triton 3.6's code gives: the values, the errors and their messages written out here as
+triton's code computes them, and an overflow check that still asserts where the interpreter
+would assert (debug on). The interpreted kernel tests check the kernels' values through them."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from interp_support import torch  # importing it installs the interpreter fixes
+
+import triton
+import triton.language as tl
+from triton.runtime import interpreter as interp
+
+
+def _int32(values):
+    return tl.tensor(interp.TensorHandle(np.array(values, np.int32), tl.int32), tl.block_type(tl.int32, [len(values)]))
+
+
+def test_int32_overflow_check_asserts_only_when_the_interpreter_would():
+    near = np.iinfo(np.int32).max
+    for op in ("add", "sub", "mul"):
+        lhs, rhs = _int32([near, 3]), _int32([-near if op == "sub" else near, 4])
+        quiet = interp.TritonSemantic(interp.InterpreterBuilder())
+        got = getattr(quiet, op)(lhs, rhs, sanitize_overflow=True).handle.data
+        want = getattr(np, {"add": "add", "sub": "subtract", "mul": "multiply"}[op])(lhs.handle.data, rhs.handle.data)
+        np.testing.assert_array_equal(got, want)  # wrapped, as the GPU's int32 arithmetic
+        debug = interp.InterpreterBuilder()
+        debug.options = dataclasses.replace(debug.options, debug=True)
+        with pytest.raises(AssertionError, match=f"int32 overflow detected for operation {op}"):
+            getattr(interp.TritonSemantic(debug), op)(lhs, rhs, sanitize_overflow=True)
+
+
+def test_block_types_are_built_checked_named_and_compared_as_triton_does():
+    for shape in ([4, 8], [tl.constexpr(4), 8], tl.tuple([4, tl.constexpr(8)])):
+        ty = tl.block_type(tl.float32, shape)
+        assert ty.shape.values == [4, 8] and isinstance(ty.shape, tl.tuple) and ty.numel == 32
+        assert ty.name == str(ty) == "<['4', '8'], fp32>"
+    with pytest.raises(TypeError, match="0d block_type is forbidden"):
+        tl.block_type(tl.float32, [])
+    with pytest.raises(ValueError, match="Shape element 1 must be a power of 2"):
+        tl.block_type(tl.float32, [4, 6])
+    with pytest.raises(TypeError, match="Shape element 0 must have type"):
+        tl.block_type(tl.float32, [4.0])
+    a = tl.block_type(tl.float32, [4, 8])
+    assert a == tl.block_type(tl.float32, [tl.constexpr(4), 8])
+    assert a != tl.block_type(tl.float32, [8, 4]) and a != tl.block_type(tl.int32, [4, 8])
+    assert a != tl.block_type(tl.float32, [4, 8, 1]) and a != tl.float32 and not a == [4, 8]
+
+
+def test_dtype_equality_as_triton_compares():
+    assert tl.float32 == tl.float32 and tl.float32 == tl.constexpr(tl.float32)
+    assert tl.float32 != tl.int32 and tl.float32 != tl.constexpr(tl.int32)
+    assert not tl.float32 == "fp32" and not tl.float32 == [tl.float32] and not tl.float32 == (tl.float32, )
+    assert tl.float32 != tl.pointer_type(tl.float32) and tl.float32 != tl.block_type(tl.float32, [4])
+
+
+def test_tensor_shape_and_numel_as_triton_builds_them():
+    block = tl.tensor(interp.TensorHandle(np.zeros((4, 8), np.float32), tl.float32), tl.block_type(tl.float32, [4, 8]))
+    assert isinstance(block.shape, tl.tuple) and block.shape.values == [tl.constexpr(4), tl.constexpr(8)]
+    assert all(isinstance(s, tl.constexpr) for s in block.shape) and block.numel == tl.constexpr(32)
+    assert block.dtype == tl.float32 and block.type == tl.block_type(tl.float32, [4, 8])
+    scalar = tl.tensor(interp.TensorHandle(np.zeros(1, np.int32), tl.int32), tl.int32)
+    assert isinstance(scalar.shape, tl.tuple) and len(scalar.shape) == 0 and scalar.numel == tl.constexpr(1)
+    block.shape = tl.tuple([tl.constexpr(32)])  # assignable, as triton's attribute
+    assert block.shape.values == [tl.constexpr(32)]
+
+
+@triton.jit
+def _row_sums(x_ptr, out_ptr, N: tl.constexpr):
+    # a helper (tl.sum, itself a jitted function that sees tl.core) inside a launch
+    rows = tl.program_id(0)
+    out = tl.sum(tl.load(x_ptr + rows * N + tl.arange(0, N)).to(tl.float32), axis=0)
+    tl.store(out_ptr + rows, out)
+
+
+def test_a_launch_patches_the_language_and_restores_it():
+    builtins_before = {name for name in dir(tl) if tl.core.is_builtin(getattr(tl, name))}
+    x = torch.arange(24, dtype=torch.float32).reshape(3, 8)
+    out = torch.zeros(3)
+    for _ in range(2):  # the second launch: tl.core's helper patches already in place
+        _row_sums[(3, )](x, out, N=8)
+        np.testing.assert_array_equal(out.numpy(), x.numpy().sum(axis=1))
+    assert {name for name in dir(tl) if tl.core.is_builtin(getattr(tl, name))} == builtins_before
+    assert not getattr(interp, "_bessemer_in_launch", False) and not getattr(tl, "_bessemer_launch_patched", False)
