@@ -9,6 +9,7 @@
 #include "executor.h"
 #include "gptq_columns_py.h"
 #include "int4_output_search_py.h"
+#include "int4_fake_quant_py.h"
 #include "int4_scale_search_py.h"
 #include "int4_superblock_search_py.h"
 
@@ -144,4 +145,5 @@ PYBIND11_MODULE(_C, m) {
     bessemer::def_int4_superblock_search(m);  // build time: quantization/superblock.py
     bessemer::def_gptq_columns(m);  // build time: quantization/gptq.py
     bessemer::def_int4_output_search(m);  // build time: quantization/scale_search.py (w4a16-awq experts)
+    bessemer::def_int4_fake_quant(m);  // build time: quantization/awq.py
 }
