@@ -122,6 +122,34 @@ def test_native_gptq_columns_are_the_numpy_reference_bit_for_bit(n, k):
             assert np.array_equal(got_wt, wt), (name, threads)
 
 
+def test_native_e4m3_rounding_is_the_reference_at_ties_edges_and_nan():
+    """The native loop's E4M3 rounding (the KV cache's encoder, kv_codec.h) against
+    ColumnGrid.round (fp8.round_to_e4m3) on the values where roundings part: every midpoint
+    between E4M3 values and its float32 neighbours, subnormals, +-0, beyond +-448, NaN; both the
+    8-wide and the scalar path (N = 8 * m + 5)."""
+    from bessemer import _C
+    from bessemer.quantization.gptq import ColumnGrid, gptq_columns_reference
+
+    vals = np.unique(np.abs(fp8._code_values()[np.isfinite(fp8._code_values())]))
+    mids = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)
+    row = np.concatenate([mids, -mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(1e4)),
+                          np.float32([0.0, -0.0, 2 ** -10, -2 ** -12, 500.0, -1e30, np.nan, 448.0])])
+    n = len(row) // 8 * 8 + 5
+    row = np.resize(row, n).astype(np.float32)
+    grid = ColumnGrid("e4m3", np.ones(n, np.float32))
+    hinv = np.eye(2, dtype=np.float32)
+    order = np.arange(2)
+    outs = []
+    for native in (True, False):
+        wt, qt = np.stack([row, row]), np.zeros((2, n), np.float32)
+        if native:
+            _C.gptq_block_columns(wt, hinv, 0, 2, order, qt, "e4m3", grid.scale, None, None, 0, 1)
+        else:
+            gptq_columns_reference(wt, hinv, 0, 2, order, qt, grid)
+        outs.append(qt[0])
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
 @pytest.mark.parametrize("k,rows", [(96, 1024), (320, 200)])
 def test_inverse_cholesky_factor_is_the_textbook_one(k, rows):
     """gptq.inverse_cholesky_upper against numpy's chol(inv(H)).T: upper triangular, the same

@@ -8,37 +8,40 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "gptq_columns.h"
+#include "kv_codec.h"
 #include "row_threads.h"
 
+#include <immintrin.h>
+
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 namespace bessemer {
 namespace {
 
-constexpr float kE4m3Max = 448.0f;
-constexpr float kE4m3MinNormal = 1.0f / 64.0f;  // 2^-6; below it the subnormal steps of 2^-9
-
 // clip(v, lo, hi) as np.clip: a NaN stays NaN (std::max(nan, lo) returns its first argument)
 inline float clip(float v, float lo, float hi) { return std::min(std::max(v, lo), hi); }
 
-// Nearest E4M3 value of v, |v| <= 448 (the caller clips), ties to even, as torch's cast to
-// float8_e4m3fn: the 23-bit mantissa rounded to 3 bits by integer arithmetic above 2^-6 (a
-// carry moves the exponent up, as it should), the subnormal grid of 2^-9 below.
-inline float round_e4m3(float v) {
-    if (std::isnan(v)) return v;
-    const float a = std::fabs(v);
-    float r;
-    if (a < kE4m3MinNormal) {
-        r = std::nearbyint(a * 512.0f) * (1.0f / 512.0f);  // both exact: powers of two
-    } else {
-        uint32_t bits;
-        std::memcpy(&bits, &a, 4);
-        bits = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) & ~0xFFFFFu;
-        std::memcpy(&r, &bits, 4);
+// q[c] = e4m3(clip(w[c] / s[c], -448, 448)) * s[c] for c in [c0, c1): the KV cache's E4M3
+// encoder (kv_codec.h: round to nearest even, |y| clamped to 448 as the clip does) and its exact
+// decoder, which gives the value times 2^-8; a NaN quotient stays NaN, as np.clip leaves it.
+void round_e4m3_columns(const float* w, const float* s, float* q, int64_t c0, int64_t c1) {
+    const __m256 unscale = _mm256_set1_ps(kv::value_mul<kv::F8>());
+    int64_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        const __m256 sc = _mm256_loadu_ps(s + c);
+        const __m256 y = _mm256_div_ps(_mm256_loadu_ps(w + c), sc);
+        alignas(8) uint8_t codes[8];
+        kv::store_bytes8(kv::f32x8_to_e4m3(y), codes, true);
+        __m256 v = _mm256_mul_ps(kv::e4m3x8_to_f32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))), unscale);
+        v = _mm256_blendv_ps(v, y, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+        _mm256_storeu_ps(q + c, _mm256_mul_ps(v, sc));
     }
-    return std::copysign(r, v);
+    for (; c < c1; ++c) {
+        const float y = w[c] / s[c];
+        const float v = std::isnan(y) ? y : kv::e4m3_to_f32_scaled(kv::f32_to_e4m3(y)) * kv::value_mul<kv::F8>();
+        q[c] = v * s[c];
+    }
 }
 
 // The rows [n0, n1) of the block, every column in order.
@@ -57,8 +60,7 @@ void block_rows(float* wt, int64_t b, int64_t n, const float* hinv, int64_t ldh,
             for (int64_t c = n0; c < n1; ++c)
                 q[c] = clip(std::nearbyint((col[c] - o[c]) / d[c]), 0.0f, 15.0f) * s[c] + o[c];
         } else {
-            for (int64_t c = n0; c < n1; ++c)
-                q[c] = round_e4m3(clip(col[c] / g.scale[c], -kE4m3Max, kE4m3Max)) * g.scale[c];
+            round_e4m3_columns(col, g.scale, q, n0, n1);
         }
         const float hii = hinv[i * ldh + i];
         for (int64_t c = n0; c < n1; ++c) e[size_t(c - n0)] = (col[c] - q[c]) / hii;
