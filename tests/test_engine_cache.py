@@ -8,12 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from bessemer.builder.build import build_engine
 from bessemer.builder.config import BuildConfig
 from bessemer.builder.engine_cache import engine_key, resolve_engine
 from bessemer.errors import InvalidOptionError
@@ -40,22 +38,19 @@ def test_llm_model_builds_once_then_reuses(tiny_checkpoint, tmp_path, monkeypatc
     real_build = build_module.build_engine
     monkeypatch.setattr(build_module, "build_engine", lambda *a, **k: builds.append(a) or real_build(*a, **k))
 
-    t = time.perf_counter()
     first = LLM(model=ckpt, build_config=BUILD, engine_cache=cache, num_threads=1)
-    build_s = time.perf_counter() - t
     explicit = LLM(real_build(ckpt, tmp_path / "explicit", BUILD), num_threads=1)
     assert first.generate([PROMPT], GREEDY)[0].token_ids == explicit.generate([PROMPT], GREEDY)[0].token_ids
     assert len(builds) == 1
     [engine] = engines_in(cache)
     mtime = engine.stat().st_mtime_ns
 
-    t = time.perf_counter()
     again = resolve_engine(ckpt, BUILD, cache)
-    reuse_s = time.perf_counter() - t
     second = LLM(model=ckpt, build_config=BUILD, engine_cache=cache, num_threads=1)
     assert len(builds) == 1 and again == engine and engines_in(cache) == [engine]
+    # not rebuilt: no second build call and the file untouched (a tiny build takes tens of
+    # milliseconds, so its wall time against a lookup's says nothing on a shared machine)
     assert engine.stat().st_mtime_ns == mtime
-    assert reuse_s < build_s, (reuse_s, build_s)
     assert second.generate([PROMPT], GREEDY)[0].token_ids == explicit.generate([PROMPT], GREEDY)[0].token_ids
 
 

@@ -260,3 +260,17 @@ def test_bits_per_weight_counts_every_stored_part():
     bits = bits_per_weight([untied, untied])
     assert bits["lm_head"]["bpw"] == 32.0 and bits["embedding"]["bpw"] == 8.25
     assert bits["decoder"]["weights"] == 2 * 64 * 128
+
+
+def test_native_search_is_the_same_on_any_number_of_threads():
+    """The rows split over the threads (row_threads.h) unevenly here (37 rows); a negative
+    count is refused."""
+    from bessemer import _C
+
+    w = (np.random.default_rng(9).standard_normal((37, 256)) * 0.02).astype(np.float32)
+    h, d = np.ones(256, np.float32), np.asarray(ss.SEARCH_DIVISORS, np.float64)
+    one = _C.int4_symmetric_scale_search(w, 32, h, d, 1)
+    for threads in (2, 3, 0):
+        assert np.array_equal(one.view(np.uint32), _C.int4_symmetric_scale_search(w, 32, h, d, threads).view(np.uint32))
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        _C.int4_symmetric_scale_search(w, 32, h, d, -1)

@@ -291,3 +291,18 @@ def test_w4k_options():
     assert QuantConfig("w4k", bits_per_weight=4.85, calib_data="c.txt").bits_per_weight == 4.85
     d = QuantConfig("w4k").to_json()
     assert d["granularity"] == "two_level" and "group_size" not in d
+
+
+def test_native_search_is_the_same_on_any_number_of_threads():
+    """The rows split over the threads (row_threads.h) unevenly here (37 rows); a negative
+    count is refused."""
+    from bessemer import _C
+
+    w = _weights(np.random.default_rng(17), 37, 192)
+    h, f = np.ones(192, np.float32), np.asarray(sb.RANGE_FACTORS, np.float64)
+    one = _C.int4_superblock_search(w, h, f, 1)
+    for threads in (2, 3, 0):
+        for a, b in zip(one, _C.int4_superblock_search(w, h, f, threads)):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        _C.int4_superblock_search(w, h, f, -1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.native_threads import native_threads
 from bessemer.quantization.channel_scales import ChannelScales, InputGroup
 
 GRID = 20
@@ -22,14 +23,14 @@ def fake_quant_int4(w: np.ndarray, group: int, zero_point: bool, col_scale: np.n
     """w (N, K) on the builder's grid (scale_search.int4_grid) without the per-group scale
     search, which would cost its 33 candidates at each of the GRID alphas (the final codes are
     searched); with col_scale s (K,): Q(w diag(s)) / s, AWQ's candidate weight. One pass in
-    native code over all cores (bessemer._C, targets/cpu/csrc/kernels/int4_fake_quant.cpp:
+    native code on native_threads() threads (bessemer._C, targets/cpu/csrc/kernels/int4_fake_quant.cpp:
     NumPy's weight-sized temporaries were ~40% of AWQ's search), bit-identical to
     fake_quant_int4_reference, its statement in NumPy."""
     from bessemer import _C
 
     w = np.ascontiguousarray(w, dtype=np.float32)
     cs = None if col_scale is None else np.ascontiguousarray(col_scale, dtype=np.float32)
-    return _C.int4_fake_quant(w, group, zero_point, cs)
+    return _C.int4_fake_quant(w, group, zero_point, cs, native_threads())
 
 
 def fake_quant_int4_reference(w: np.ndarray, group: int, zero_point: bool,

@@ -16,6 +16,7 @@ import numpy as np
 
 from bessemer.quantization import fp8
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.native_threads import native_threads
 
 DAMP = 0.01
 BLOCK = 128
@@ -64,15 +65,11 @@ def gptq_columns_reference(wt: np.ndarray, hinv: np.ndarray, i1: int, i2: int, o
 
 def gptq_block_columns(wt, hinv, i1, i2, order, qt, grid: ColumnGrid) -> np.ndarray:
     """gptq_columns_reference in native code (bessemer._C,
-    targets/cpu/csrc/kernels/gptq_columns.cpp), bit-identical, on as many threads as torch's
-    pool, which runs the rest of GPTQ (its factorisation and block updates): a process told to
-    use one core (OMP_NUM_THREADS=1 beside other busy processes) keeps to one here too."""
-    import torch
-
+    targets/cpu/csrc/kernels/gptq_columns.cpp), bit-identical, on native_threads() threads."""
     from bessemer import _C
 
     return _C.gptq_block_columns(wt, hinv, i1, i2, order, qt, grid.kind, grid.scale, grid.offset, grid.divisor,
-                                 grid.group, torch.get_num_threads())
+                                 grid.group, native_threads())
 
 
 def gptq(w: np.ndarray, hessian: np.ndarray, grid: ColumnGrid, act_order: bool = False,

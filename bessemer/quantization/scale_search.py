@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.native_threads import native_threads
 
 SYM_ZERO = 8  # code of 0 on the symmetric grid: w = scale * (code - 8)
 # divisors tried for the largest-magnitude weight v (scale = v / -d): d = 8 maps v onto code 0
@@ -72,7 +73,7 @@ def int4_symmetric_scales(w: np.ndarray, group: int, importance: np.ndarray | No
     sum(h w L) / sum(h L^2) with h the importance of each weight's input channel (K,);
     the candidate with the least sum(h (w - scale L)^2) wins (d = 8 is among them, so the
     search never does worse than search=False, up to bf16 rounding). The search runs in
-    native code over all cores (bessemer._C, targets/cpu/csrc/kernels/int4_scale_search.cpp:
+    native code on native_threads() threads (bessemer._C, targets/cpu/csrc/kernels/int4_scale_search.cpp:
     34 candidates x 2 roundings of every weight were most of a 4-bit build in NumPy); it is
     bit-identical to int4_symmetric_scales_reference, its statement in NumPy.
     """
@@ -81,7 +82,8 @@ def int4_symmetric_scales(w: np.ndarray, group: int, importance: np.ndarray | No
     from bessemer import _C
 
     w = np.ascontiguousarray(w, dtype=np.float32)
-    return _C.int4_symmetric_scale_search(w, group, _importance(importance, w.shape[1]), SEARCH_DIVISORS)
+    return _C.int4_symmetric_scale_search(w, group, _importance(importance, w.shape[1]), SEARCH_DIVISORS,
+                                          native_threads())
 
 
 def int4_symmetric_scales_reference(w: np.ndarray, group: int, importance: np.ndarray | None = None) -> np.ndarray:
@@ -175,11 +177,11 @@ def _output_error(gt: np.ndarray, moments: np.ndarray, scale: np.ndarray) -> np.
     return np.einsum("gni,gni->gn", _times_moments(e, moments), e)
 
 
-def int4_symmetric_scales_for_inputs(w: np.ndarray, group: int, moments: np.ndarray, threads: int = 0) -> np.ndarray:
+def int4_symmetric_scales_for_inputs(w: np.ndarray, group: int, moments: np.ndarray, threads: int | None = None) -> np.ndarray:
     """Scales (N, K // group), bf16 values, minimising each group's output error e^T M e on
     the calibration rows (moments: group_second_moments (K // group, group, group)): the search
     int4_symmetric_scales_for_inputs_reference states, run in native code on `threads` threads
-    (0: one per core; bessemer._C, targets/cpu/csrc/kernels/int4_output_search.cpp). The
+    (None: native_threads(); bessemer._C, targets/cpu/csrc/kernels/int4_output_search.cpp). The
     native sums run in another order than NumPy's einsum, so a refit near a bf16 rounding midpoint may round the other way: there
     the native search tries both neighbours, so it keeps the reference's candidates and may
     find a better one. Contract (tests/test_scale_search.py): each group's chosen scale has an
@@ -191,7 +193,8 @@ def int4_symmetric_scales_for_inputs(w: np.ndarray, group: int, moments: np.ndar
 
     w = np.ascontiguousarray(w, dtype=np.float32)
     return _C.int4_output_error_scale_search(w, group, np.ascontiguousarray(moments, dtype=np.float32),
-                                             int4_symmetric_scales(w, group), OUTPUT_SEARCH_DIVISORS, threads)
+                                             int4_symmetric_scales(w, group), OUTPUT_SEARCH_DIVISORS,
+                                             native_threads() if threads is None else threads)
 
 
 def int4_symmetric_scales_for_inputs_reference(w: np.ndarray, group: int, moments: np.ndarray) -> np.ndarray:

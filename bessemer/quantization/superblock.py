@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from bessemer.quantization import primitives as prim
+from bessemer.quantization.native_threads import native_threads
 
 SUPER = 256  # the largest super-block (llama.cpp's QK_K)
 SUB = 32
@@ -92,13 +93,13 @@ def _floored_importance(importance: np.ndarray | None, k: int) -> np.ndarray:
 
 def sub_block_params(w: np.ndarray, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Searched fp32 (scale >= 0, minimum <= 0) of every sub-block: (N, K // SUB) each.
-    The search runs in native code over all cores (bessemer._C, targets/cpu/csrc/kernels/
+    The search runs in native code on native_threads() threads (bessemer._C, targets/cpu/csrc/kernels/
     int4_superblock_search.cpp: in NumPy it was most of an int4-k build and of the mixed
     precision measurement); it is bit-identical to sub_block_params_reference."""
     from bessemer import _C
 
     w = np.ascontiguousarray(w, dtype=np.float32)
-    return _C.int4_superblock_search(w, _floored_importance(importance, w.shape[1]), RANGE_FACTORS)
+    return _C.int4_superblock_search(w, _floored_importance(importance, w.shape[1]), RANGE_FACTORS, native_threads())
 
 
 def sub_block_params_reference(w: np.ndarray, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

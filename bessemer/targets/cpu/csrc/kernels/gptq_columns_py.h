@@ -44,6 +44,7 @@ inline void def_gptq_columns(pybind11::module_& m) {
         } else {
             fail("kind must be int4 or e4m3, got " + kind);
         }
+        if (threads < 0) fail("threads must be >= 0 (0: one per core)");
         const int64_t b = i2 - i1;
         py::array_t<float> err({n, b});
         float* e = err.mutable_data();

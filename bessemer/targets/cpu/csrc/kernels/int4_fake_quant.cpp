@@ -85,26 +85,29 @@ Grid symmetric_grid(const float* v, int64_t group) {
     return {scale, -kSymZero * scale};
 }
 
-// out[i] = (code(v[i]) * scale + offset) [/ cs[i]] with code = clip(rint((v - offset) / scale), 0, 15)
-void dequantized(const float* v, int64_t group, Grid grid, const float* cs, float* out) {
+// out[i] = (code(v[i]) * scale + offset) [/ cs[i]] for 8 values, code = clip(rint((v - offset) /
+// scale), 0, 15): a NaN quotient gives code 0 (max(NaN, +0) is its second operand), as does -0
+inline __m256 dequantized8(__m256 v, Grid grid, const float* cs) {
     const __m256 scale = _mm256_set1_ps(grid.scale), offset = _mm256_set1_ps(grid.offset);
-    const __m256 top = _mm256_set1_ps(kTopCode), zero = _mm256_setzero_ps();
+    __m256 q = _mm256_div_ps(_mm256_sub_ps(v, offset), scale);
+    q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, _mm256_setzero_ps()), _mm256_set1_ps(kTopCode));
+    const __m256 r = _mm256_add_ps(_mm256_mul_ps(q, scale), offset);
+    return cs ? _mm256_div_ps(r, _mm256_loadu_ps(cs)) : r;
+}
+
+// dequantized8 over a group; its last group % 8 values through an 8-wide copy, so that one
+// statement of the step serves every value
+void dequantized(const float* v, int64_t group, Grid grid, const float* cs, float* out) {
     int64_t i = 0;
-    for (; i + 8 <= group; i += 8) {
-        __m256 q = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), offset), scale);
-        q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        q = _mm256_min_ps(_mm256_max_ps(q, zero), top);  // max(-0, +0) is its second operand, +0
-        __m256 r = _mm256_add_ps(_mm256_mul_ps(q, scale), offset);
-        if (cs) r = _mm256_div_ps(r, _mm256_loadu_ps(cs + i));
-        _mm256_storeu_ps(out + i, r);
-    }
-    for (; i < group; ++i) {
-        float q = std::nearbyint((v[i] - grid.offset) / grid.scale);
-        q = q > 0.0f ? std::min(q, kTopCode) : 0.0f;
-        float r = q * grid.scale + grid.offset;
-        if (cs) r = r / cs[i];
-        out[i] = r;
-    }
+    for (; i + 8 <= group; i += 8) _mm256_storeu_ps(out + i, dequantized8(_mm256_loadu_ps(v + i), grid, cs ? cs + i : nullptr));
+    if (i == group) return;
+    alignas(32) float tail_v[8] = {}, tail_cs[8] = {1, 1, 1, 1, 1, 1, 1, 1}, tail_out[8];
+    const int64_t rest = group - i;
+    std::copy(v + i, v + group, tail_v);
+    if (cs) std::copy(cs + i, cs + group, tail_cs);
+    _mm256_store_ps(tail_out, dequantized8(_mm256_load_ps(tail_v), grid, cs ? tail_cs : nullptr));
+    std::copy(tail_out, tail_out + rest, out + i);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ inline void def_int4_fake_quant(pybind11::module_& m) {
         const int64_t n = w.shape(0), k = w.shape(1);
         if (col_scale && (col_scale->ndim() != 1 || col_scale->shape(0) != k))
             throw std::invalid_argument("int4_fake_quant: col_scale must be (K,) = (" + std::to_string(k) + ",)");
+        if (threads < 0) throw std::invalid_argument("int4_fake_quant: threads must be >= 0 (0: one per core)");
         py::array_t<float> out({n, k});
         float* dst = out.mutable_data();
         const float* cs = col_scale ? col_scale->data() : nullptr;

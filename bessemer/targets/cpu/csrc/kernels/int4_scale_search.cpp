@@ -183,7 +183,7 @@ GroupFn register_path(int64_t group) {
 }  // namespace
 
 void int4_symmetric_scale_search(const float* w, int64_t n, int64_t k, int64_t group, const float* importance,
-                                 const double* divisors, int64_t num_divisors, float* scales) {
+                                 const double* divisors, int64_t num_divisors, float* scales, int64_t threads) {
     const int64_t groups = k / group;
     const GroupFn fast = register_path(group);
     auto rows = [&](int64_t begin, int64_t end) {
@@ -200,7 +200,7 @@ void int4_symmetric_scale_search(const float* w, int64_t n, int64_t k, int64_t g
             }
         }
     };
-    run_row_ranges(n, 0, rows);
+    run_row_ranges(n, threads, rows);
 }
 
 }  // namespace bessemer

@@ -130,7 +130,7 @@ struct SubBlock {
 }  // namespace
 
 void int4_superblock_search(const float* w, int64_t n, int64_t k, const float* importance, const double* factors,
-                            int64_t num_factors, float* scale, float* minimum) {
+                            int64_t num_factors, float* scale, float* minimum, int64_t threads) {
     const int64_t subs = k / kSuperblockSub;
     // sum h per sub-block: the same for every row
     std::vector<float> sw(subs);
@@ -147,7 +147,7 @@ void int4_superblock_search(const float* w, int64_t n, int64_t k, const float* i
             }
         }
     };
-    run_row_ranges(n, 0, rows);
+    run_row_ranges(n, threads, rows);
 }
 
 }  // namespace bessemer
