@@ -78,7 +78,7 @@ SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), pr
          True: dict(prompts=(2, 16), new_tokens=3, batch=(5, 9, 16, 12), prefix=(40, 32), decode_tokens=(1, 0))}
 # rehearsal: engines whose comparisons run on interpreted logits (1b's run on the fake driver:
 # its launches are compared, its numbers mean nothing)
-INTERPRETED = ("135m", "8b", "8b-w4a16", "8b-fp8", "8b-fp8-kvfp8")
+INTERPRETED = ("135m", "8b", "8b-w4a16", "8b-fp8", "8b-fp8-kvfp8", "8b-w4k")
 SYNC_VARIABLE = "BESSEMER_CUDA_SYNC"  # the executor's eager, synchronize-after-every-launch mode
 # seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
 # a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
@@ -88,8 +88,10 @@ SYNC_VARIABLE = "BESSEMER_CUDA_SYNC"  # the executor's eager, synchronize-after-
 # The 8B quantized builds quantize ~7e9 weights on the machine's cores (the native int4 scale
 # search over all of them, the rest on one thread per core ahead of the writer): int4 RTN ~4 ns
 # a weight of 2-core time (1B: 26 s on 2 cores), E4M3 ~16 ns of one core's.
-BUILD_S = {"135m": 10, "1b": 20, "8b": 60, "8b-w4a16": 120, "8b-fp8": 90, "8b-fp8-kvfp8": 90}
-QUANT_BUILDS = ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8")
+# w4k: w4a16's build plus the sub-block search, which spreads over the cores (SmolLM2 on 2
+# cores: 7.0 CPU-s against w4a16's 4.7; at 8B ~140 CPU-s more, ~10 s over 16 cores).
+BUILD_S = {"135m": 10, "1b": 20, "8b": 60, "8b-w4a16": 120, "8b-fp8": 90, "8b-fp8-kvfp8": 90, "8b-w4k": 130}
+QUANT_BUILDS = ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8", "8b-w4k")
 # seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
 # a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
 # the 8B engine the later 8B stages share (sha256 of 15 GiB ~10 s, upload, 8 graphs). The
@@ -577,9 +579,10 @@ class Check:
 
     def run_quant(self) -> int:
         """--suite quant (issue 22): the 8B shape as int4 (g128), bf16 (the baseline of the
-        batch sweep), fp8 and fp8 with an fp8 KV cache (the slowest builds last), one engine on
-        disk at a time: each built, compared with its reference, timed, and deleted; the
-        checkpoint last. --engines runs some of them (a lease too short for all four)."""
+        batch sweep), fp8 and fp8 with an fp8 KV cache (the slowest builds last), then two-level
+        int4 (w4k, issue 39), one engine on disk at a time: each built, compared with its
+        reference, timed, and deleted; the checkpoint last. --engines runs some of them (a
+        lease too short for all five)."""
         s = self.stage
         s("environment", self.environment, 5)
         s("checkpoint-8b", lambda: self.checkpoint("8b"), 30, needs=("environment",),
@@ -592,6 +595,9 @@ class Check:
                                       ("throughput-8b-fp8", lambda: self.throughput("8b-fp8", prompt_len=1024), 40)])
         self.engine_stages("8b-fp8-kvfp8", [("throughput-8b-fp8-kvfp8",
                                              lambda: self.throughput("8b-fp8-kvfp8", prompt_len=1024), 40)])
+        # issue 39: w4k's batch-1 decode beside w4a16's (report.py: the ratio); last, the
+        # first to go when the budget is short
+        self.engine_stages("8b-w4k", [("decode-8b-w4k", lambda: self.decode("8b-w4k"), 20)])
         self.remove("hf-8b")
         return self.finish(quant_summary_table)
 
@@ -646,7 +652,7 @@ def main() -> int:
                     help="bf16: the bf16 engines (correctness, speed, HF baselines); quant: int4 / fp8 / fp8-KV "
                          "engines of the 8B shape against its bf16 engine")
     ap.add_argument("--engines", default=",".join(models.SUITE_ENGINES["quant"]),
-                    help="--suite quant: the engines to build and check, in the suite's order (default: all four)")
+                    help="--suite quant: the engines to build and check, in the suite's order (default: all five)")
     ap.add_argument("--stage-limit", action="append", default=[], metavar="NAME=S",
                     help="a stage's (or family's) time limit in seconds, e.g. hf-compiled=90")
     args = ap.parse_args()

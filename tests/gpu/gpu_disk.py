@@ -30,6 +30,8 @@ def linear_bits(options: dict) -> float:
         return 16.0
     if quant["mode"] == "w4a16":
         return 4 + 16 / quant.get("group_size", 128)  # a bf16 scale per group
+    if quant["mode"] == "w4k":  # a byte of scale and of minimum per 32 columns, two fp16 per
+        return 4 + 16 / 32 + 32 / 256  # super-block of 256 (every K of the 8B shape divides by 256)
     if quant["mode"] in ("fp8", "w8a16"):
         return 8.0
     raise ValueError(f"gpu_disk: no size for quant mode {quant['mode']!r}; add it to linear_bits")

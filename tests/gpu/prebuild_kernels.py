@@ -1,5 +1,5 @@
 """Builds, on CPU, the cuda engines of the GPU check's suites (bf16: 135M, 1B, 8B; quant:
-the 8B shape as w4a16, fp8, fp8 + fp8 KV and bf16) at their real shapes and build options,
+the 8B shape as w4a16, bf16, fp8, fp8 + fp8 KV and w4k) at their real shapes and build options,
 with the layers cut to 2 (every layer has the same kernels: the engines need exactly the
 kernels of the full models). It rehearses the lowering and the ahead-of-time compilation of
 those shapes without a GPU, and fills a kernel cache (BESSEMER_KERNEL_CACHE, default

@@ -4,9 +4,10 @@ same checkpoint with the engine's own quantization applied, as the cpu-side test
 
 - every quantized linear holds the dequantized weights the engine stores: its codes and
   scales are read back from the engine file and dequantized on the model's device (int4
-  groups: code * scale + offset, offset -8 * scale when symmetric; E4M3 and int8: value *
-  per-row scale), so the reference is exact without requantizing 7 billion weights on one
-  CPU core (the numpy quantizers take minutes per engine at the 8B shape);
+  groups: code * scale + offset, offset -8 * scale when symmetric; two-level int4 (w4k): the
+  same, with each sub-block's scale and offset from quantization/superblock.expand; E4M3 and
+  int8: value * per-row scale), so the reference is exact without requantizing 7 billion
+  weights on one CPU core (the numpy quantizers take minutes per engine at the 8B shape);
 - an fp8 linear's input is rounded to E4M3 with its token's own scale, max |x| / 448 (or the
   engine's static input scale), as linear_fp8 does (quantization/fp8.py quantize_activation);
 - with a one-byte KV cache, attention reads K (after RoPE) and V through the cache's
@@ -25,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: hf_kv_quant, the cpu tests' oracle
 from hf_kv_quant import register_hf_kvq  # noqa: E402
+
+from bessemer.quantization import superblock  # noqa: E402
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 E4M3_MAX = 448.0
@@ -66,6 +69,25 @@ class EngineTensors:
             return raw.view(torch.float32)
         return raw
 
+    def array(self, name: str) -> np.ndarray:
+        """A uint8 or float16 part as a NumPy array of its stored shape (w4k's sub-block
+        codes and super-parameters, which superblock.expand reads on the host)."""
+        kinds = {"uint8": np.uint8, "float16": np.float16}
+        dtype = self.dtype(name)
+        if dtype not in kinds:
+            raise ValueError(f"{name}: stored as {dtype}, not a w4k sub-block or super-block part")
+        return np.array(self.raw(name)).view(kinds[dtype]).reshape(self.entries[name]["shape"])
+
+
+def _superblock_parameters(tensors: EngineTensors, name: str, device):
+    """The fp32 scale and offset (N, K / SUB) of every sub-block of a two-level int4 weight,
+    by the format's own rule (superblock.expand: d * sc and -(dmin * m), each rounded once)."""
+    import torch
+
+    part = {role: tensors.array(f"{name}.{role}") for role in ("scales", "offsets", "super_scales", "super_offsets")}
+    scales, offsets = superblock.expand(part["super_scales"], part["scales"], part["super_offsets"], part["offsets"])
+    return torch.from_numpy(scales).to(device), torch.from_numpy(offsets).to(device)
+
 
 def dequantized(tensors: EngineTensors, name: str, device):
     """The fp32 weight [N, K] an engine's quantized linear computes with."""
@@ -74,14 +96,19 @@ def dequantized(tensors: EngineTensors, name: str, device):
     n, k = tensors.entries[name]["shape"]
     dtype = tensors.dtype(name)
     codes = tensors.tensor(name, device)
-    scales = tensors.tensor(name + ".scales", device)
     if dtype == "int4":  # row-major, two codes a byte, the even column in the low nibble
         values = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(n, k).float()
+        if name + ".super_scales" in tensors.entries:  # two-level (w4k): uint8 sub-block codes
+            scales, offsets = _superblock_parameters(tensors, name, device)
+        else:
+            scales = tensors.tensor(name + ".scales", device)
+            offsets = tensors.tensor(name + ".offsets", device) if name + ".offsets" in tensors.entries else None
         groups = scales.shape[-1] if scales.dim() == 2 else scales.numel() // n
         scales = scales.reshape(n, groups, 1)
-        offsets = (tensors.tensor(name + ".offsets", device).reshape(n, groups, 1) if name + ".offsets" in tensors.entries
-                   else -8.0 * scales)
+        offsets = -8.0 * scales if offsets is None else offsets.reshape(n, groups, 1)
+        # multiply, then add: two fp32 roundings, as primitives.dequantize_int4
         return (values.reshape(n, groups, k // groups) * scales + offsets).reshape(n, k)
+    scales = tensors.tensor(name + ".scales", device)
     if dtype == "float8_e4m3":
         return codes.view(torch.float8_e4m3fn).float().reshape(n, k) * scales.reshape(n, 1)
     if dtype == "int8":
@@ -147,7 +174,8 @@ def fake_quantized_hf(model, engine_dir: Path):
                     notes["fp8_inputs"] += 1
             if row != entry["shape"][0]:
                 raise ValueError(f"engine weight {name}: {entry['shape'][0]} rows, HF's modules hold {row}")
-            notes["weights"][dtype] = notes["weights"].get(dtype, 0) + 1
+            stored = "int4_superblock" if name + ".super_scales" in tensors.entries else dtype
+            notes["weights"][stored] = notes["weights"].get(stored, 0) + 1
             del weight
     kind = KV_KINDS.get(tensors.header["plan"]["kv_cache"]["dtype"])
     if kind:

@@ -47,6 +47,7 @@ NOT_MEASURABLE = {
     # --suite quant
     "decode-8b-w4a16": "8B int4 batch-1 decode tok/s and % of HBM bandwidth: needs a GPU",
     "decode-8b-fp8": "8B fp8 batch-1 decode tok/s and % of HBM bandwidth: needs a GPU",
+    "decode-8b-w4k": "8B w4k batch-1 decode tok/s, % of HBM bandwidth and ratio to int4 g128's: needs a GPU",
     "prefill-8b-fp8": "fp8 prefill GEMM rate vs bf16 torch.matmul: needs FP8 tensor cores",
     "decode-batches-8b-w4a16": "int4 decode tok/s at batch 1-32: needs a GPU",
     "decode-batches-8b": "bf16 decode tok/s at batch 1-32 and int4's ratio to it: needs a GPU",

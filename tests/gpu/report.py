@@ -166,20 +166,31 @@ def quant_summary_table(results: dict) -> str:
     g = lambda path: _get(results, path)  # noqa: E731
     table = _Rows(results)
     peak = peak_label(results)
-    for engine in ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8"):
+    for engine in ("8b-w4a16", "8b-fp8", "8b-fp8-kvfp8", "8b-w4k"):
         logits_row(table, results, engine, "fake-quantized HF")
     logits_row(table, results, "8b", "HF")
+    # w4k's own figures have no target (None: reported); its ratio to int4 g128's is below
     for name, label, frac_target, tok_target in (("8b-w4a16", "int4 g128", INT4_HBM_FRACTION, 640),
-                                                 ("8b-fp8", "fp8", FP8_HBM_FRACTION, 420)):
+                                                 ("8b-fp8", "fp8", FP8_HBM_FRACTION, 420),
+                                                 ("8b-w4k", "w4k", None, None)):
         tok_s = g(f"decode-{name}.generate_tok_s")
-        table.row(f"8B {label} batch-1 decode tok/s", tok_s, ".1f", f">= {tok_target}",
-                  tok_s is not None and tok_s >= tok_target, f"decode-{name}.generate_tok_s")
+        table.row(f"8B {label} batch-1 decode tok/s", tok_s, ".1f",
+                  "report" if tok_target is None else f">= {tok_target}",
+                  tok_s is not None and (tok_target is None or tok_s >= tok_target), f"decode-{name}.generate_tok_s")
         per_token = g(f"decode-{name}.bytes_per_token")
         table.add(f"8B {label} bytes per token", "n/a" if per_token is None else f"{per_token / 1e9:.2f} GB", "",
                   "n/a" if per_token is None else "ok", f"decode-{name}.bytes_per_token")
         frac = g(f"decode-{name}.hbm_fraction")
         table.row(f"8B {label} % of {peak}", None if frac is None else 100 * frac, ".1f",
-                  f">= {100 * frac_target:.0f}", frac is not None and frac >= frac_target, f"decode-{name}.hbm_fraction")
+                  "report" if frac_target is None else f">= {100 * frac_target:.0f}",
+                  frac is not None and (frac_target is None or frac >= frac_target), f"decode-{name}.hbm_fraction")
+    # issue 39 asks w4k's decode to be no slower than w4a16 g32's (4 + 16/32 bits a linear
+    # weight); the suite's int4 engine is g128 (4 + 16/128), whose linears are 11% smaller
+    # than w4k's (4 + 16/32 + 32/256): the ratio is reported, not judged, and each engine's %
+    # of the HBM peak above tells the bytes read apart from the kernel's use of the bandwidth
+    w4k, w4a16 = g("decode-8b-w4k.generate_tok_s"), g("decode-8b-w4a16.generate_tok_s")
+    table.row("8B w4k / int4 g128 batch-1 decode tok/s (x)", w4k / w4a16 if w4k and w4a16 else None, ".2f",
+              "report (issue 39: >= 1 vs g32)", True, "decode-8b-w4k.generate_tok_s")
     ratio = g("prefill-8b-fp8.ratio_to_torch_matmul")
     table.row("8B fp8 2048-token prefill GEMMs / bf16 torch.matmul (x)", ratio, ".2f", f">= {FP8_PREFILL_VS_BF16}",
               ratio is not None and ratio >= FP8_PREFILL_VS_BF16, "prefill-8b-fp8.ratio_to_torch_matmul")

@@ -93,18 +93,19 @@ QUANT_STAGES = ["environment", "checkpoint-8b",
                 "build-8b-w4a16", "correctness-8b-w4a16", "decode-8b-w4a16", "decode-batches-8b-w4a16",
                 "build-8b", "correctness-8b", "decode-batches-8b",
                 "build-8b-fp8", "correctness-8b-fp8", "decode-8b-fp8", "prefill-8b-fp8", "throughput-8b-fp8",
-                "build-8b-fp8-kvfp8", "correctness-8b-fp8-kvfp8", "throughput-8b-fp8-kvfp8"]
+                "build-8b-fp8-kvfp8", "correctness-8b-fp8-kvfp8", "throughput-8b-fp8-kvfp8",
+                "build-8b-w4k", "correctness-8b-w4k", "decode-8b-w4k"]
 
 
 @pytest.mark.slow
 def test_quant_suite_rehearsal_runs_every_stage(tmp_path):
-    """check.sh --suite quant (issue 22) on CPU: int4 g128, fp8 and fp8 + fp8-KV engines of the
-    8B shape (tiny here, head_dim 128), one on disk at a time, each compared with HF running
-    its own codes (interpreted logits) before it is served on the fake driver; every speed
-    figure marked "no GPU"; the fp8 KV cache's capacity in the same budget is the allocator's
-    and holds 2D/(D+4) times the bf16 cache's tokens. The bf16 engine's correctness stage is
-    cut (a 0.01 s limit; the bf16 suite's rehearsal runs it): its speed stage is skipped, not
-    reported, and the run says why and fails."""
+    """check.sh --suite quant (issue 22) on CPU: int4 g128, fp8, fp8 + fp8-KV and two-level int4
+    (w4k, issue 39) engines of the 8B shape (tiny here, head_dim 128), one on disk at a time,
+    each compared with HF running its own codes (interpreted logits) before it is served on
+    the fake driver; every speed figure marked "no GPU"; the fp8 KV cache's capacity in the
+    same budget is the allocator's and holds 2D/(D+4) times the bf16 cache's tokens. The bf16
+    engine's correctness stage is cut (a 0.01 s limit; the bf16 suite's rehearsal runs it): its
+    speed stage is skipped, not reported, and the run says why and fails."""
     out, work = tmp_path / "out", tmp_path / "work"
     run = subprocess.run([str(HERE / "check.sh"), "--rehearse", "--suite", "quant", "--stage-limit", "correctness-8b=0.01"],
                          cwd=tmp_path, capture_output=True, text=True, env=_env(OUT=str(out), WORK=str(work)),
@@ -119,26 +120,37 @@ def test_quant_suite_rehearsal_runs_every_stage(tmp_path):
     assert all("error" not in node and "skipped" not in node and "cut" not in node for node in held.values()), held
     # each quantized engine against HF with its own codes and rounding, on interpreted logits
     linears = 7 * TINY_SHAPES["8b"]["num_hidden_layers"]  # q k v o gate up down: fp8 inputs (lm_head is int8)
-    for engine, fp8_inputs, kv in (("8b-w4a16", 0, None), ("8b-fp8", linears, None), ("8b-fp8-kvfp8", linears, "fp8")):
+    for engine, fp8_inputs, kv in (("8b-w4a16", 0, None), ("8b-fp8", linears, None), ("8b-fp8-kvfp8", linears, "fp8"),
+                                   ("8b-w4k", 0, None)):
         c = stages[f"correctness-{engine}"]
         assert c["computed_by"].startswith("triton interpreter") and c["pass"], (engine, c)
         assert 0 < c["logits"]["engine_max_abs_err"] and c["logits"]["ratio"] <= 2, (engine, c["logits"])
         assert f"'fp8_inputs': {fp8_inputs}, 'kv': {kv!r}" in c["reference"], c["reference"]
+    # w4k's fused linears (qkv, o, gate|up, down a layer) through superblock's two-level rule
+    fused = 4 * TINY_SHAPES["8b"]["num_hidden_layers"]
+    assert f"'int4_superblock': {fused}" in stages["correctness-8b-w4k"]["reference"]
     assert stages["correctness-8b-w4a16"]["cuda_sync"] and not stages["correctness-8b-fp8"]["cuda_sync"]
     assert stages["correctness-8b-fp8"]["logits"]["bound"] == "<= 2 x HF bf16's error in max and mean"
     # one engine at a time, deleted after its stages; the checkpoint last
-    assert results["deleted"] == ["engine-8b-w4a16", "engine-8b", "engine-8b-fp8", "engine-8b-fp8-kvfp8", "hf-8b"]
+    assert results["deleted"] == ["engine-8b-w4a16", "engine-8b", "engine-8b-fp8", "engine-8b-fp8-kvfp8",
+                                  "engine-8b-w4k", "hf-8b"]
     assert not list(work.iterdir())
     assert stages["build-8b-w4a16"]["options"]["quant"] == {"mode": "w4a16", "group_size": 128}
+    assert stages["build-8b-w4k"]["options"]["quant"] == {"mode": "w4k"}
     assert stages["build-8b-w4a16"]["bits_per_weight"] and stages["build-8b-fp8"]["bits_per_weight"]
+    bits = {e: stages[f"build-{e}"]["bits_per_weight"]["decoder"]["bpw"] for e in ("8b-w4a16", "8b-w4k")}
+    assert bits["8b-w4k"] > bits["8b-w4a16"], bits
+    assert stages["decode-8b-w4k"]["hbm_fraction_of"] == results["peaks"]["label"]
     assert set(stages["decode-batches-8b-w4a16"]["tok_s"]) == {"1", "2", "4", "8", "16", "32"}
     kv8, kv16 = stages["throughput-8b-fp8-kvfp8"], stages["throughput-8b-fp8"]
     head_dim = TINY_SHAPES["8b"]["head_dim"]
     assert kv16["kv_bytes_per_token"] == kv8["kv_bytes_per_token"] * 2 * head_dim / (head_dim + 4)
     table = results["summary"]
     for line in table.splitlines():
-        if line.startswith(("8B int4", "8B fp8", "fp8 KV: 128x")):
+        if line.startswith(("8B int4", "8B fp8", "8B w4k", "fp8 KV: 128x")):
             assert line.rstrip().endswith("no GPU"), line
+    assert re.search(r"8b-w4k: logits err / fake-quantized HF bf16 err +\d\.\d+ +<= 2 in max +ok", table)
+    assert re.search(r"8B w4k / int4 g128 batch-1 decode tok/s \(x\) +\d+\.\d+ +report", table)
     assert re.search(r"fp8 KV: cache tokens in the same GiB vs bf16 KV \(x\) +1\.94 +1\.94 \(2D/\(D\+4\)\) +ok", table)
     assert re.search(r"stage decode-batches-8b +skipped +needs correctness-8b", table)
     assert "stage decode-batches-8b: SKIPPED (needs correctness-8b)" in run.stdout

@@ -4,8 +4,9 @@ tests build (tests/cuda_interpreter/test_quantized.py, test_fp8.py, test_kv_code
 linear requantized by the format's own quantize/dequantize in NumPy, fp8 inputs rounded by
 quantization/fp8.py, the KV cache's codec in attention): the same logits, on the tiny 8B
 stand-in of the rehearsal (head_dim 128, untied lm_head stored int8). That the int4 nibbles,
-the fused q/k/v and gate/up rows, the scales and the E4M3 rounding are read as the engine
-means them is what this checks; without them the logits move by orders of magnitude more."""
+the fused q/k/v and gate/up rows, the scales (w4k's two levels of them) and the E4M3 rounding
+are read as the engine means them is what this checks; without them the logits move by orders
+of magnitude more. w4k's weights are also the bits of superblock.dequantize's."""
 
 import copy
 import sys
@@ -62,8 +63,8 @@ def _cpu_tests_reference(ckpt: Path, engine: str):
     return model
 
 
-@pytest.mark.slow  # two cuda builds: their kernels compile unless the quant rehearsal ran first
-@pytest.mark.parametrize("engine", ["8b-w4a16", "8b-fp8-kvfp8"])
+@pytest.mark.slow  # three cuda builds: their kernels compile unless the quant rehearsal ran first
+@pytest.mark.parametrize("engine", ["8b-w4a16", "8b-fp8-kvfp8", "8b-w4k"])
 def test_the_reference_from_the_engines_codes_is_the_cpu_tests_reference(engine, checkpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -84,3 +85,9 @@ def test_the_reference_from_the_engines_codes_is_the_cpu_tests_reference(engine,
           f"{np.abs(c - b).max():.3g}, max |logit| {scale:.3g}")
     assert np.abs(a - b).max() <= 1e-5 * scale
     assert np.abs(c - b).max() >= 100 * max(np.abs(a - b).max(), 1e-6 * scale)  # the check can fail
+    if engine == "8b-w4k":  # the same rounding rule read from the file: every weight the same bits
+        linears = [n for n, m in theirs.named_modules() if isinstance(m, torch.nn.Linear)]
+        mine, cpu = dict(ours.named_modules()), dict(theirs.named_modules())
+        assert notes["weights"] == {"int4_superblock": 4 * models.TINY_SHAPES["8b"]["num_hidden_layers"], "int8": 1}
+        for name in linears:
+            assert torch.equal(mine[name].weight.view(torch.int32), cpu[name].weight.view(torch.int32)), name
