@@ -80,9 +80,6 @@ SIZES = {False: dict(prompts=(5, 128), new_tokens=24, batch=(5, 37, 128, 77), pr
 # its launches are compared, its numbers mean nothing)
 INTERPRETED = ("135m", "8b", "8b-w4a16", "8b-fp8", "8b-fp8-kvfp8", "8b-w4k")
 SYNC_VARIABLE = "BESSEMER_CUDA_SYNC"  # the executor's eager, synchronize-after-every-launch mode
-# seconds a stage may run on the H200 (its minimum to start is in run()); the first part of
-# a name is enough: "correctness" covers correctness-135m and correctness-1b. decode-8b loads
-# the 8B engine the later 8B stages share (sha256 of 15 GiB ~10 s, upload, 8 graphs).
 # seconds a build needs at least on the GPU machine (kernels prebuilt): a build the time left
 # cannot hold is skipped, not started and cut (the rehearsal's tiny builds take a second).
 # The 8B quantized builds quantize ~7e9 weights on the machine's cores (the native int4 scale
