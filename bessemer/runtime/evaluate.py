@@ -60,13 +60,17 @@ NLL_ROWS = 32
 
 def window_nll(logits: np.ndarray, window: list[int]) -> float:
     """Sum of -log p(window[t] | window[:t]) for t >= 1; logits: (len(window), vocab).
-    In fp64, each row's log-sum-exp on its own (rows in blocks of NLL_ROWS)."""
+    In fp64, each row's log-sum-exp on its own (rows in blocks of NLL_ROWS). One fp64
+    buffer serves every block (x - max written into it, exponentiated in place): the same
+    values as fresh temporaries per block, which cost a third of the time in page faults."""
     n = len(window) - 1
     lse = np.empty(n, np.float64)  # (n,)
+    buf = np.empty((min(NLL_ROWS, n), logits.shape[1]), np.float64)
     for r in range(0, n, NLL_ROWS):
-        x = logits[r:min(r + NLL_ROWS, n)].astype(np.float64)  # (rows, vocab)
-        top = x.max(axis=1)
-        lse[r:r + len(x)] = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+        rows = logits[r:min(r + NLL_ROWS, n)]  # (rows, vocab)
+        top = rows.max(axis=1).astype(np.float64)  # the max is exact in either precision
+        x = np.subtract(rows, top[:, None], out=buf[:len(rows)], dtype=np.float64)
+        lse[r:r + len(x)] = np.log(np.exp(x, out=x).sum(axis=1)) + top
     picked = logits[np.arange(n), window[1:]].astype(np.float64)  # (n,)
     return float((lse - picked).sum())
 

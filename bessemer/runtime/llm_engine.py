@@ -185,7 +185,9 @@ class LLMEngine:
         finally:  # an error mid-way must not leak blocks
             for seq in seqs:
                 self.abort(seq)
-        return [np.concatenate(s.score.logits, axis=0) for s in seqs]
+        # one block (a single prefill): the step's fresh array, rows of it, needs no copy
+        return [s.score.logits[0] if len(s.score.logits) == 1 else np.concatenate(s.score.logits, axis=0)
+                for s in seqs]
 
     def stats(self) -> EngineStats:
         s, b, sampling = self.scheduler, self.blocks, self.sampling_step
