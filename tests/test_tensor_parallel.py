@@ -29,6 +29,7 @@ from bessemer.plugins import ops
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.llm import LLM, SamplingParams
 from conftest import NEW_FAMILIES, make_tiny_checkpoint
+from greedy_ties import assert_same_but_at_a_tie
 from tolerances import INTERPRETER_ATOL, TP_LOGITS_ATOL, TP_LOGITS_RTOL, TP_W4_BF16_LOGITS_RTOL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,21 +70,6 @@ def _logit_bound(expected, what) -> float:
 def _close(actual, expected, what):
     err, bound = np.abs(actual - expected).max(), _logit_bound(expected, what)
     assert err <= bound, f"{what}: max |tp2 - tp1| = {err:.3g} > {bound:.3g}"
-
-
-def _same_greedy_tokens_but_at_a_tie(tp1: LLM, prompt, got, want, what):
-    """TP=2's greedy tokens `got` equal TP=1's `want`, or part from them first at a position
-    where TP=1's two best logits lie closer than the logits may differ (_logit_bound): there
-    the summation order of the row-split linears may pick the other token, and the sequences
-    differ after it."""
-    if got == want:
-        return
-    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    assert k < min(len(got), len(want)), (what, got, want)  # one a prefix of the other: a length bug
-    logits = tp1.score([list(prompt) + list(want[:k])], num_prefill=1)[0][-1]
-    top2 = np.sort(logits)[-2:]
-    assert top2[1] - top2[0] < _logit_bound(logits, what), \
-        f"{what}: tokens part at {k} where TP=1's top-2 logits are {top2[1] - top2[0]:.3g} apart: {got} vs {want}"
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -344,8 +330,12 @@ def test_tp2_equals_tp1_smollm2(mode, smollm2_tp):
         for a, b in zip(one.score(prompts, num_prefill=3), two.score(prompts, num_prefill=3)):
             _close(b, a, f"smollm2 {mode}")
         params = SamplingParams(max_tokens=16, temperature=0)
+        what = f"smollm2 {mode}"
         for p, got, want in zip(prompts, two.generate(prompts, params), one.generate(prompts, params)):
-            _same_greedy_tokens_but_at_a_tie(one, p, got.token_ids, want.token_ids, f"smollm2 {mode}")
+            # TP=2 may part from TP=1 only where TP=1's top-2 logits lie closer than the logits may differ
+            assert_same_but_at_a_tie(got.token_ids, want.token_ids,
+                                     lambda prefix, p=p: one.score([list(p) + prefix], num_prefill=1)[0][-1],
+                                     lambda logits: _logit_bound(logits, what), what)
     finally:
         two.close()
 
