@@ -27,3 +27,19 @@ def test_without_torch_the_cores_capped_by_omp_num_threads(omp, want):
 
 def test_with_torch_loaded_its_pool_size_including_a_set_num_threads():
     assert _threads("import torch; torch.set_num_threads(1); " + _PRINT, None) == 1
+
+
+def test_a_share_holds_inside_its_block_in_its_own_thread_only():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bessemer.quantization.native_threads import native_threads, thread_budget, thread_share
+
+    budget = thread_budget()
+    assert native_threads() == budget
+    with thread_share(1):
+        assert native_threads() == 1
+        with ThreadPoolExecutor(1) as pool:  # a thread started meanwhile keeps the whole budget
+            assert pool.submit(native_threads).result() == budget
+        with thread_share(0):
+            assert native_threads() == 1  # never below one thread
+    assert native_threads() == budget

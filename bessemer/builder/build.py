@@ -33,6 +33,7 @@ from bessemer.format import container
 from bessemer.format.kv import kv_cache_section
 from bessemer.format.layouts import packed_nbytes
 from bessemer.quantization.bits import bits_per_weight, format_bits
+from bessemer.quantization.native_threads import thread_budget
 from bessemer.errors import BessemerError, InvalidOptionError
 from bessemer.models.registry import family_for
 from bessemer.models.rope import max_exact_positions
@@ -202,12 +203,14 @@ def _write_rank(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say
 
 
 def quantize_threads(build: BuildConfig, calibration) -> int:
-    """Threads that quantize weights ahead of the writer: the cores this process may use when
-    it builds the only rank of an uncalibrated build. Calibrated quantizers (GPTQ, AWQ) run
-    torch's own thread pools and read shared calibration state: one weight at a time."""
+    """Threads that quantize weights ahead of the writer: the native helpers' whole thread
+    budget (quantization/native_threads.py: the cores this process may use, or fewer when
+    OMP_NUM_THREADS says so) when it builds the only rank of an uncalibrated build; each
+    weight in flight then runs its helpers on its share. Calibrated quantizers (GPTQ, AWQ)
+    run torch's own thread pools and read shared calibration state: one weight at a time."""
     if calibration is not None or build.tp_size > 1:
         return 1
-    return max(1, len(os.sched_getaffinity(0)))
+    return thread_budget()
 
 
 def _write_ranks(model_dir: Path, build: BuildConfig, tmp: Path, calibration, say: Progress,

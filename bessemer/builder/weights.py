@@ -21,13 +21,15 @@ from bessemer.builder.lower import TensorSpec
 from bessemer.errors import BessemerError
 from bessemer.format.layouts import encode
 from bessemer.quantization.formats import WeightCalibration
+from bessemer.quantization.native_threads import thread_budget, thread_share
 
 
 class WeightSource:
     """`threads` > 1 quantizes the next weights (in the writer's order) on that many threads
     while the writer packs the current one: NumPy releases the GIL in the quantizers' array
     work, and each weight is quantized alone, so the bytes do not depend on the threads. At
-    most `threads` weights are in flight (each an fp32 copy and its quantizer's temporaries)."""
+    most `threads` weights are in flight (each an fp32 copy and its quantizer's temporaries),
+    each running its native helpers on an equal share of their thread budget."""
 
     def __init__(self, ckpt: Checkpoint, constants: dict, calibration: CalibrationResult | None = None,
                  threads: int = 1):
@@ -120,10 +122,15 @@ class WeightSource:
         at = self._position.get(spec.source)
         if at is None:
             return self._quantize(spec)
+        share = thread_budget() // self.threads
         for ahead in self._order[at:at + self.threads]:
             if ahead.source not in self._pending:
-                self._pending[ahead.source] = self._pool.submit(self._quantize, ahead)
+                self._pending[ahead.source] = self._pool.submit(self._quantize_on_share, ahead, share)
         return self._pending.pop(spec.source).result()
+
+    def _quantize_on_share(self, spec: TensorSpec, share: int) -> dict[str, np.ndarray]:
+        with thread_share(share):
+            return self._quantize(spec)
 
 
 def _block_shape(shape: tuple[int, ...], sl: tuple | None) -> tuple[int, ...]:
