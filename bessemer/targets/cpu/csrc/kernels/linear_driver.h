@@ -82,7 +82,7 @@ struct LinearBlocks {
 
 // The loop nest of every linear kernel. Family F provides (all const):
 //   int MR;                                                 rows per microkernel call (max)
-//   int64_t thread_bytes(rows) -> per-thread activation buffer (64-byte aligned, on the stack)
+//   int64_t thread_bytes(rows) -> per-thread buffer: activations, decoded weights (64-byte aligned, on the stack)
 //   void begin(Thread&, const LinearWork&, buf, rows)        set what stays fixed for the call
 //                                                            (rows: the thread's largest row block)
 //   void block(Thread&, m_blk, rows, k0, kc, kb)             prepare one row x K block
@@ -144,6 +144,42 @@ inline void linear_drive_family(F& f, int M, int N, int K, int NR, int nthreads)
     linear_run(f, M, N, K, work, b);
 }
 
+// ---------------------------------------------------------------- weights decoded once per row block
+// A microkernel that widens compact weights (int4, int8, E4M3 codes) to fp32 in registers
+// repeats that work for every MR-row chunk of a row block: on AVX2 about as much work as
+// the FMAs it feeds. A family whose AVX2 kernel offers a decode function instead decodes
+// each group's K block once into a per-thread fp32 buffer that every chunk reads. The one
+// statement of when and how (PanelPredecode, used by the panel16 and fp8 families):
+//   * PanelDecodeFn decodes nr panels (panel n at w + n * pstride bytes) over kc k into fp32
+//     at out + (n * kc + k) * 16, exactly the values the microkernel computes in registers,
+//     so a row's FMA chain, and its result, are the same bits either way;
+//   * a thread's buffer holds one panel of a K block of up to kPredecodeMaxK columns (GEMM
+//     groups are one panel: the decoding kernels pass NR = 1 beyond M <= 2), and exists only
+//     beyond GEMV where the thread's row blocks can hold several chunks (rows > MR);
+//   * a group is decoded there when its row block has several chunks and its K block fits;
+//     otherwise (GEMV, one chunk, a wider K block) the microkernel decodes in registers.
+using PanelDecodeFn = void (*)(const void* w, int64_t pstride, int nr, int kc, float* out);
+constexpr int kPredecodeMaxK = 1024;  // K <= 1024 is one K block; wider K blocks of about 512
+
+struct PanelPredecode {
+    PanelDecodeFn decode;  // null: the microkernels always decode in registers
+    int MR;
+
+    // Bytes of the thread's buffer when its largest row block has `rows` rows (64-aligned).
+    int64_t thread_bytes(int rows) const { return decode && rows > MR ? int64_t(kPredecodeMaxK) * 16 * 4 : 0; }
+    // The buffer at p (thread_bytes(rows) bytes) where this call may use it, else null.
+    float* buffer(const LinearWork& w, char* p, int rows) const {
+        return thread_bytes(rows) && !w.gemv && w.NR == 1 ? reinterpret_cast<float*>(p) : nullptr;
+    }
+    // The group at w (one panel, K block of kc) decoded into buf for a row block of `rows`
+    // rows, or null where the microkernel is to decode it.
+    const float* group(float* buf, const void* w, int64_t pstride, int rows, int kc) const {
+        if (!buf || rows <= MR || kc > kPredecodeMaxK) return nullptr;
+        decode(w, pstride, 1, kc, buf);
+        return buf;
+    }
+};
+
 // ---------------------------------------------------------------- panel16 family
 // linear@1, linear_w8a16@1, linear_w4a16@1/@2: a weight format is only "kbytes" (bytes per
 // panel and k: 64 fp32, 32 bf16, 16 int8, 8 int4) plus optional quantization parameters,
@@ -184,6 +220,7 @@ struct UkArgs {
     // last group, whose next group lies past the call's rows.
     int64_t pf_next;
     bool gemv;  // M <= MR: each weight byte is read once (a microkernel may prefetch its own panels)
+    const float* wdec;  // the group's weights decoded once for its row chunks (PanelPredecode), or null
 };
 
 // Optional activation preparation (linear_w4a16@2): the x block of a thread's row block
@@ -233,12 +270,14 @@ struct PanelFamily {
     int esize;
     const UkFn* table;  // table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR
     int tstride;
+    PanelPredecode pre;
     int ldq = 0, nkb = 0;
 
     struct Thread {
         UkArgs a;
-        char* xq;  // prepared x block
-        int m_blk, k0, p0;
+        char* xq;     // prepared x block
+        float* wdec;  // decoded weights of one group (PanelPredecode::buffer), or null
+        int m_blk, k0, p0, rows;
         int last_p0;       // first panel of the call's last group: nothing to prefetch past it
         int64_t pf_group;  // GEMV: bytes to the next panel group (0 = no prefetch)
     };
@@ -278,9 +317,12 @@ struct PanelFamily {
         if (prep) Mc = drv_min(Mc, kXPrepBytes / (ldq * esize));
         return {n, kc, drv_max(MR, Mc / MR * MR)};
     }
-    int64_t thread_bytes(int) const { return prep ? kXPrepBytes : 0; }
-    void begin(Thread& t, const LinearWork& w, char* buf, int) const {
+    int64_t xq_bytes() const { return prep ? kXPrepBytes : 0; }
+    int64_t thread_bytes(int rows) const { return xq_bytes() + pre.thread_bytes(rows); }
+    void begin(Thread& t, const LinearWork& w, char* buf, int rows) const {
         t.xq = buf;
+        t.wdec = pre.buffer(w, buf + xq_bytes(), rows);
+        t.a.wdec = nullptr;
         t.a.ldx = ldx;
         t.a.pstride = int64_t(K) * kbytes;
         t.a.ldy = ldy;
@@ -302,6 +344,7 @@ struct PanelFamily {
         t.a.accumulate = kb > 0;
         t.m_blk = m_blk;
         t.k0 = k0;
+        t.rows = rows;
     }
     void group(Thread& t, int p0, int ncols, int k0, bool last) const {
         t.a.ncols = ncols;
@@ -324,6 +367,7 @@ struct PanelFamily {
                 t.a.qs = q->scales + 16 * p0;
             }
         }
+        t.a.wdec = pre.group(t.wdec, t.a.w, t.a.pstride, t.rows, t.a.kc);
         t.p0 = p0;
     }
     void rows(Thread& t, int m0, int mr, int nr) const {
@@ -335,12 +379,14 @@ struct PanelFamily {
 };
 
 // table[mr * tstride + nr] for mr in 1..MR, nr in 1..NR; kbytes: weight bytes per panel and k;
-// prep / esize: optional activation preparation (see XPrepFn; group <= kXPrepMaxGroup).
+// prep / esize: optional activation preparation (see XPrepFn; group <= kXPrepMaxGroup);
+// decode: the microkernels' weights as fp32, for a row block of several chunks (PanelPredecode).
 inline void linear_drive_q(const float* x, int64_t ldx, int M, const void* w, int kbytes, int N,
                            int K, const float* bias, float* y, int64_t ldy, int nthreads, int MR,
                            int NR, const UkFn* table, int tstride, const QuantParams* q,
-                           XPrepFn prep = nullptr, int esize = 0) {
-    PanelFamily f{MR, x, ldx, static_cast<const char*>(w), kbytes, K, bias, y, ldy, q, prep, esize, table, tstride};
+                           XPrepFn prep = nullptr, int esize = 0, PanelDecodeFn decode = nullptr) {
+    PanelFamily f{MR, x, ldx, static_cast<const char*>(w), kbytes, K, bias, y, ldy, q, prep, esize, table, tstride,
+                  {decode, MR}};
     linear_drive_family(f, M, N, K, NR, nthreads);
 }
 

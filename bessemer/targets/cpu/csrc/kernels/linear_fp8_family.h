@@ -41,17 +41,10 @@ struct Fp8Args {
     const float* xs;     // activation scales s_x of rows m0.. (one per row)
     int ncols;           // valid columns in this group (<= NR*16)
     int64_t pf_next;     // GEMV: bytes to the same k of the next panel group (0 = none)
-    const float* wdec;   // the group's weights decoded once for its row chunks (Fp8DecodeFn), or null
+    const float* wdec;   // the group's weights decoded once for its row chunks (PanelPredecode), or null
 };
 
 using Fp8Fn = void (*)(const Fp8Args&);
-
-// Decodes the E4M3 bytes of nr panels (panel n at w + n * pstride) over kc k into fp32
-// values at out + (n * kc + k) * 16: what the microkernel would decode in registers, exactly
-// (so a row's FMA chain and result are the same either way). A row block of several MR-row
-// chunks then decodes each weight once instead of once per chunk.
-using Fp8DecodeFn = void (*)(const uint8_t* w, int64_t pstride, int nr, int kc, float* out);
-constexpr int kWdecMaxK = 1024;  // the widest K block blocks() makes (K <= 1024: one block)
 
 // The column groups of the block being quantized: size 0 (no groups: the row's scale for
 // every column), else G, the block's first column k0 in the row, and each row's group
@@ -154,7 +147,7 @@ struct Fp8Family {
     Fp8QuantFn quantize;
     int esize;  // bytes per quantized activation (4 fp32, 2 bf16)
     int act_group;  // G (dynamic scales only), 0: none
-    Fp8DecodeFn decode;  // null: the microkernels decode the weights in registers
+    PanelPredecode pre;  // decode null: the microkernels decode the weights in registers
     int ldq = 0;
 
     struct Thread {
@@ -162,7 +155,7 @@ struct Fp8Family {
         char* xq;
         float* rs;    // activation scale of each row of the row block
         uint8_t* ge;  // group exponents of the row block's rows (ngroups() per row)
-        float* wdec;  // decoded weights of one panel (decode set, not GEMV), else null
+        float* wdec;  // decoded weights of one group (PanelPredecode::buffer), or null
         int m_blk, p0, rows;
     };
 
@@ -184,17 +177,14 @@ struct Fp8Family {
     }
     int64_t rs_bytes(int rows) const { return (int64_t(rows) * 4 + 63) / 64 * 64; }
     int64_t ge_bytes(int rows) const { return (int64_t(rows) * ngroups() + 63) / 64 * 64; }
-    // Decoded weights: one panel (NR is 1 beyond GEMV) of the widest K block, only where a
-    // row block may hold several MR-row chunks.
-    int64_t wdec_bytes(int rows) const { return decode && rows > MR ? int64_t(kWdecMaxK) * 16 * 4 : 0; }
-    int64_t thread_bytes(int rows) const { return kXqBytes + rs_bytes(rows) + ge_bytes(rows) + wdec_bytes(rows); }
+    int64_t thread_bytes(int rows) const {
+        return kXqBytes + rs_bytes(rows) + ge_bytes(rows) + pre.thread_bytes(rows);
+    }
     void begin(Thread& t, const LinearWork& w, char* buf, int rows) const {
         t.xq = buf;
         t.rs = reinterpret_cast<float*>(buf + kXqBytes);
         t.ge = reinterpret_cast<uint8_t*>(buf + kXqBytes + rs_bytes(rows));
-        t.wdec = wdec_bytes(rows) && !w.gemv && w.NR == 1
-                     ? reinterpret_cast<float*>(buf + kXqBytes + rs_bytes(rows) + ge_bytes(rows))
-                     : nullptr;
+        t.wdec = pre.buffer(w, buf + kXqBytes + rs_bytes(rows) + ge_bytes(rows), rows);
         t.a.wdec = nullptr;
         if (!row_scales)
             for (int r = 0; r < rows; ++r) t.rs[r] = xs;
@@ -222,9 +212,7 @@ struct Fp8Family {
         t.a.last = last;
         t.a.ws = ws + 16 * p0;
         t.p0 = p0;
-        const bool predecode = t.wdec && t.rows > MR && t.a.kc <= kWdecMaxK;
-        if (predecode) decode(t.a.w, t.a.pstride, 1, t.a.kc, t.wdec);
-        t.a.wdec = predecode ? t.wdec : nullptr;
+        t.a.wdec = pre.group(t.wdec, t.a.w, t.a.pstride, t.rows, t.a.kc);
     }
     void rows(Thread& t, int m0, int mr, int nr) const {
         t.a.xq = t.xq + int64_t(m0 - t.m_blk) * ldq * esize;
@@ -240,9 +228,9 @@ struct Fp8Family {
 inline void linear_fp8_drive(const float* x, int64_t ldx, int M, const uint8_t* w, const float* ws, float xs,
                              Fp8RowScaleFn row_scales, int act_group, int N, int K, const float* bias, float* y,
                              int64_t ldy, int nthreads, int MR, int NR, const Fp8Fn* table, int tstride,
-                             Fp8QuantFn quantize, int esize, Fp8DecodeFn decode = nullptr) {
+                             Fp8QuantFn quantize, int esize, PanelDecodeFn decode = nullptr) {
     Fp8Family f{MR, x, ldx, w, ws, xs, row_scales, K, bias, y, ldy, table, tstride, quantize, esize, act_group,
-                decode};
+                {decode, MR}};
     linear_drive_family(f, M, N, K, NR, nthreads);
 }
 

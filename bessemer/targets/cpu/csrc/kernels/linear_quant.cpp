@@ -16,11 +16,16 @@
 //
 // This file holds prepare/run (ISA dispatch) and the AVX2 microkernels; the AVX-512 ones
 // live in linear_quant_avx512.cpp. Both run under the blocking/threading driver of
-// linear@1 (linear_driver.h). The codes are widened to fp32 in registers inside the k
-// loop (never a dequantized copy in memory) and accumulated with fp32 FMAs exactly like
-// linear@1; the per-channel / per-group scale (and offset * row sum) is applied once per
-// group in the microkernel epilogue, so conversion cost is paid once per weight and k and
-// shared by the MR rows of the microkernel.
+// linear@1 (linear_driver.h). The codes are widened to fp32 (their exact integer values)
+// and accumulated with fp32 FMAs exactly like linear@1; the per-channel / per-group scale
+// (and offset * row sum) is applied once per group in the microkernel epilogue. The AVX2
+// kernels widen the codes in registers inside the k loop for a GEMV; for a row block of
+// several 6-row chunks they widen a panel's K block once into a per-thread fp32 buffer that
+// every chunk reads (PanelPredecode), since widening again per chunk cost about as much as
+// the FMAs. Same values, same FMA order: both paths give the same bits. Likewise, with bf16
+// activations in groups of 32, 64 or 128 each group's sum(x_g) is made once per prepared
+// block (round_rows_to_bf16_f32_sums) instead of per panel group and chunk, by the same
+// arithmetic (sum_avx2), so the same bits.
 #include <algorithm>
 #include <cstring>
 
@@ -245,12 +250,43 @@ inline float sum_avx2(const float* p, int n) {
     return r;
 }
 
+// Prepared x blocks of linear_w4a16@2/@3 in groups of S columns (QuantParams::x_sums = S):
+// each row of kc bf16-rounded values (fp32, even padded) is followed by its groups' sums,
+// sum_avx2 of the same values the microkernel would otherwise sum per panel group and 6-row
+// chunk, made once per block instead. A block is whole groups (linear_driver.h).
+inline int64_t group_sums_at(int kc) { return (kc + 1) / 2 * 2; }
+
+template <int S>
+void round_rows_to_bf16_f32_sums(const float* x, int64_t ldx, int rows, int kc, void* out, int64_t ldq) {
+    round_rows_to_bf16_f32(x, ldx, rows, kc, out, ldq);
+    for (int r = 0; r < rows; ++r) {
+        float* d = static_cast<float*>(out) + r * ldq;
+        for (int j = 0; j < kc / S; ++j) d[group_sums_at(kc) + j] = sum_avx2(d + j * S, S);
+    }
+}
+
+// The fp32 values of decode16<QK> for nr panels over kc k (a PanelDecodeFn: the same bits
+// the microkernel widens in registers, decoded once for UkArgs::wdec).
+template <int QK>
+void decode_panels_q(const void* w, int64_t pstride, int nr, int kc, float* out) {
+    for (int n = 0; n < nr; ++n)
+        for (int k = 0; k < kc; ++k) {
+            __m256 w0, w1;
+            decode16<QK>(static_cast<const char*>(w) + n * pstride, k, w0, w1);
+            float* o = out + (int64_t(n) * kc + k) * 16;
+            _mm256_storeu_ps(o, w0);
+            _mm256_storeu_ps(o + 8, w1);
+        }
+}
+
 // One call covers a.kc columns of K: a.kc / G groups (w8: one group of kc, per-channel
-// scales). Per group: fp32 dot of x with the codes in registers, then w4:
-// y (+)= scale * dot + offset * sum(x_g); w8: y = the running dot until the last K block,
-// which stores scale * dot. Plus the bias after the last group of the last K block.
-template <int MR, int NR, int QK>
-void ukr_q_avx2(const UkArgs& a) {
+// scales). Per group: fp32 dot of x with the codes (DEC: read decoded from a.wdec, else
+// widened here per k), then w4: y (+)= scale * dot + offset * sum(x_g) (SUMS: sum(x_g) read
+// from the prepared block, round_rows_to_bf16_f32_sums); w8: y = the running dot until the
+// last K block, which stores scale * dot. Plus the bias after the last group of the last K
+// block.
+template <int MR, int NR, int QK, bool SUMS, bool DEC>
+inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
     const float* xr[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) xr[r] = a.x + r * a.ldx;
@@ -299,7 +335,14 @@ void ukr_q_avx2(const UkArgs& a) {
             }
             __m256 wv[NR][2];
 #pragma GCC unroll 4
-            for (int n = 0; n < NR; ++n) decode16<QK>(wp[n], k, wv[n][0], wv[n][1]);
+            for (int n = 0; n < NR; ++n)
+                if (DEC) {
+                    const float* d = a.wdec + (int64_t(n) * a.kc + k) * 16;
+                    wv[n][0] = _mm256_loadu_ps(d);
+                    wv[n][1] = _mm256_loadu_ps(d + 8);
+                } else {
+                    decode16<QK>(wp[n], k, wv[n][0], wv[n][1]);
+                }
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) {
                 const __m256 xb = _mm256_broadcast_ss(xr[r] + k);
@@ -313,7 +356,7 @@ void ukr_q_avx2(const UkArgs& a) {
         float sx[MR];
         if (QK == Q4)
 #pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) sx[r] = sum_avx2(xr[r] + k0, G);
+            for (int r = 0; r < MR; ++r) sx[r] = SUMS ? xr[r][group_sums_at(a.kc) + g] : sum_avx2(xr[r] + k0, G);
         const bool load_y = QK == Q4 && (g > 0 || a.accumulate);
         const float* bias = g == ng - 1 ? a.bias : nullptr;
 #pragma GCC unroll 4
@@ -372,11 +415,19 @@ void ukr_q_avx2(const UkArgs& a) {
     }
 }
 
-template <int QK>
+template <int MR, int NR, int QK, bool SUMS>
+void ukr_q_avx2(const UkArgs& a) {
+    if (a.wdec)
+        ukr_q_avx2_body<MR, NR, QK, SUMS, true>(a);
+    else
+        ukr_q_avx2_body<MR, NR, QK, SUMS, false>(a);
+}
+
+template <int QK, bool SUMS = false>
 struct UkTableQ2 {
     UkFn f[(kMR2 + 1) * (kNR2 + 1)];
     template <int MR, int NR>
-    constexpr void set() { f[MR * (kNR2 + 1) + NR] = ukr_q_avx2<MR, NR, QK>; }
+    constexpr void set() { f[MR * (kNR2 + 1) + NR] = ukr_q_avx2<MR, NR, QK, SUMS>; }
     constexpr UkTableQ2() : f{} {
         set<1, 1>(); set<2, 1>(); set<3, 1>(); set<4, 1>(); set<5, 1>(); set<6, 1>();
         set<1, 2>(); set<2, 2>();
@@ -385,6 +436,23 @@ struct UkTableQ2 {
 
 const UkTableQ2<Q8> kTableW8;
 const UkTableQ2<Q4> kTableW4;
+const UkTableQ2<Q4, true> kTableW4Sums;
+
+// The activation preparation of linear_w4a16 in groups of G: none (x as is), or bf16
+// rounding (round_x), followed by the groups' sums (x_sums = G) for the builder's sizes.
+struct W4Prep {
+    XPrepFn fn;
+    int x_sums;
+};
+W4Prep w4_prep(int G, bool round_x) {
+    if (!round_x) return {nullptr, 0};
+    switch (G) {
+        case 32: return {round_rows_to_bf16_f32_sums<32>, 32};
+        case 64: return {round_rows_to_bf16_f32_sums<64>, 64};
+        case 128: return {round_rows_to_bf16_f32_sums<128>, 128};
+        default: return {round_rows_to_bf16_f32, 0};
+    }
+}
 
 }  // namespace
 
@@ -392,15 +460,17 @@ void linear_w8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const f
                     const float* bias, float* y, int64_t ldy, int nthreads) {
     const QuantParams qp{scales, nullptr, 0};
     linear_drive_q(x, ldx, M, q, 16, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableW8.f, kNR2 + 1,
-                   &qp);
+                   &qp, nullptr, 0, decode_panels_q<Q8>);
 }
 
 void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                     const float* offsets, int group, int N, int K, const float* bias, float* y, int64_t ldy,
                     int nthreads, bool round_x) {
-    const QuantParams qp{scales, offsets, group};
-    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1, kTableW4.f,
-                   kNR2 + 1, &qp, round_x ? round_rows_to_bf16_f32 : nullptr, 4);
+    const W4Prep prep = w4_prep(group, round_x);
+    QuantParams qp{scales, offsets, group};
+    qp.x_sums = prep.x_sums;
+    linear_drive_q(x, ldx, M, codes, 8, N, K, bias, y, ldy, nthreads, kMR2, M <= 2 ? 2 : 1,
+                   prep.x_sums ? kTableW4Sums.f : kTableW4.f, kNR2 + 1, &qp, prep.fn, 4, decode_panels_q<Q4>);
 }
 
 }  // namespace bessemer
