@@ -6,13 +6,15 @@ parameter table (EIATTR_KPARAM_INFO: ordinal, offset, size), its required block 
 (EIATTR_REQNTID, the PTX .reqntid), registers (EIATTR_REGCOUNT), stack frame
 (EIATTR_FRAME_SIZE) and the instructions ptxas marked as spills or refills
 (EIATTR_ANNOTATIONS, kind 1). From the SASS (cuobjdump, shipped in the triton wheel): the
-instruction mix, e.g. HGMMA (Hopper warpgroup MMA) and HMMA (mma.sync) tensor-core ops.
+instruction mix, e.g. HGMMA (Hopper warpgroup MMA) and HMMA (mma.sync) tensor-core ops;
+for many cubins at once, one nvdisasm run over their code (what the build stores).
 
 check_kernel() compares a cubin with the kernel metadata the engine stores for it.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 import subprocess
@@ -123,24 +125,61 @@ def read_cubin(data: bytes) -> CubinInfo:
                      registers, frame, spills)
 
 
-def sass_opcodes(data: bytes) -> Counter:
-    """Opcode counts of the cubin's SASS (cuobjdump -sass from the triton wheel)."""
+# an instruction of nvdisasm's listing: /*offset*/, an optional predicate, the opcode
+_SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def _nvidia_tool(name: str) -> Path:
     import triton
 
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
+def sass_opcodes(data: bytes) -> Counter:
+    """Opcode counts of the cubin's SASS (cuobjdump -sass from the triton wheel)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(data)
         f.flush()
-        text = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ops = Counter()
-    for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text):
-        ops[m.group(1)] += 1
-    return ops
+        text = subprocess.run([str(_nvidia_tool("cuobjdump")), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return Counter(m.group(2) for m in _SASS_INSTRUCTION.finditer(text))
+
+
+def sass_opcodes_of(cubins: list[bytes]) -> list[Counter]:
+    """sass_opcodes() of many cubins from one nvdisasm run per arch. cuobjdump -sass starts
+    nvdisasm once per cubin, and its start-up (about 0.5 s of CPU) is most of what a small
+    kernel's disassembly costs. The cubins' code sections (.text.*), concatenated, are
+    disassembled as one raw instruction stream of their arch; each instruction counts for
+    the cubin whose code holds its offset."""
+    counts = [Counter() for _ in cubins]
+    by_arch: dict[str, list[int]] = {}
+    for i, data in enumerate(cubins):
+        by_arch.setdefault(arch_of(data), []).append(i)
+    for arch, indices in by_arch.items():
+        stream, starts = bytearray(), []
+        for i in indices:
+            starts.append(len(stream))
+            for name, code in _sections(cubins[i]).items():
+                if name.startswith(".text."):
+                    if len(code) % 16:
+                        raise CubinError(f"{name}: {len(code)} bytes, not whole 16-byte instructions")
+                    stream += code
+        with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+            f.write(stream)
+            f.flush()
+            text = subprocess.run([str(_nvidia_tool("nvdisasm")), "--binary", "SM" + arch[len("sm_"):], "-hex",
+                                   "-novliw", f.name], capture_output=True, text=True, check=True).stdout
+        for m in _SASS_INSTRUCTION.finditer(text):
+            counts[indices[bisect.bisect_right(starts, int(m.group(1), 16)) - 1]][m.group(2)] += 1
+    return counts
+
+
+def tensor_core_ops(ops: Counter) -> dict[str, int]:
+    return {op: ops[op] for op in TENSOR_CORE_OPS if ops[op]}
 
 
 def tensor_core_counts(data: bytes) -> dict[str, int]:
-    ops = sass_opcodes(data)
-    return {op: ops[op] for op in TENSOR_CORE_OPS if ops[op]}
+    return tensor_core_ops(sass_opcodes(data))
 
 
 def check_kernel(data: bytes, metadata: dict, arch: str) -> list[str]:
