@@ -220,13 +220,10 @@ inline __attribute__((always_inline)) void ukr_fp8_avx2_body(const Fp8Args& a) {
         __m256 wv[NR][2];
 #pragma GCC unroll 4
         for (int n = 0; n < NR; ++n)
-            if (DEC) {
-                const float* d = a.wdec + (int64_t(n) * a.kc + k) * 16;
-                wv[n][0] = _mm256_loadu_ps(d);
-                wv[n][1] = _mm256_loadu_ps(d + 8);
-            } else {
+            if (DEC)
+                load_decoded16(a.wdec, a.kc, n, k, wv[n][0], wv[n][1]);
+            else
                 decode16_e4m3(wp[n] + k * 16, wv[n][0], wv[n][1]);
-            }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
             const __m256 xb = _mm256_broadcast_ss(xr[r] + k);

@@ -132,5 +132,13 @@ static inline void store_row_tail(float* yp, const float* v, int nc, const float
     for (int j = 0; j < nc; ++j) yp[j] = bias ? v[j] + bias[j] : v[j];
 }
 
+// Panel n's 16 weights at k from a group decoded once into fp32 (PanelPredecode,
+// linear_driver.h: panel n at wdec + (n * kc + k) * 16).
+static inline void load_decoded16(const float* wdec, int kc, int n, int k, __m256& w0, __m256& w1) {
+    const float* d = wdec + (int64_t(n) * kc + k) * 16;
+    w0 = _mm256_loadu_ps(d);
+    w1 = _mm256_loadu_ps(d + 8);
+}
+
 }  // namespace simd
 }  // namespace bessemer
