@@ -181,14 +181,9 @@ inline void decode16_e4m3(const uint8_t* p, __m256& w0, __m256& w1) {
 // PanelDecodeFn, linear_driver.h).
 void decode_panels_e4m3(const void* w, int64_t pstride, int nr, int kc, float* out) {
     const uint8_t* b = static_cast<const uint8_t*>(w);
-    for (int n = 0; n < nr; ++n)
-        for (int k = 0; k < kc; ++k) {
-            __m256 w0, w1;
-            decode16_e4m3(b + n * pstride + int64_t(k) * 16, w0, w1);
-            float* o = out + (int64_t(n) * kc + k) * 16;
-            _mm256_storeu_ps(o, w0);
-            _mm256_storeu_ps(o + 8, w1);
-        }
+    store_decoded_panels(nr, kc, out, [&](int n, int k, __m256& w0, __m256& w1) {
+        decode16_e4m3(b + n * pstride + int64_t(k) * 16, w0, w1);
+    });
 }
 
 // DEC: the weights come decoded (a.wdec), else the E4M3 bytes are decoded here per k.

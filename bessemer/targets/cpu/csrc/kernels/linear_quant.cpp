@@ -269,14 +269,9 @@ void round_rows_to_bf16_f32_sums(const float* x, int64_t ldx, int rows, int kc, 
 // the microkernel widens in registers, decoded once for UkArgs::wdec).
 template <int QK>
 void decode_panels_q(const void* w, int64_t pstride, int nr, int kc, float* out) {
-    for (int n = 0; n < nr; ++n)
-        for (int k = 0; k < kc; ++k) {
-            __m256 w0, w1;
-            decode16<QK>(static_cast<const char*>(w) + n * pstride, k, w0, w1);
-            float* o = out + (int64_t(n) * kc + k) * 16;
-            _mm256_storeu_ps(o, w0);
-            _mm256_storeu_ps(o + 8, w1);
-        }
+    const char* p = static_cast<const char*>(w);
+    store_decoded_panels(nr, kc, out,
+                         [&](int n, int k, __m256& w0, __m256& w1) { decode16<QK>(p + n * pstride, k, w0, w1); });
 }
 
 // One call covers a.kc columns of K: a.kc / G groups (w8: one group of kc, per-channel

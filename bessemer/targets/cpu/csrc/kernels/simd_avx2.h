@@ -132,8 +132,22 @@ static inline void store_row_tail(float* yp, const float* v, int nc, const float
     for (int j = 0; j < nc; ++j) yp[j] = bias ? v[j] + bias[j] : v[j];
 }
 
-// Panel n's 16 weights at k from a group decoded once into fp32 (PanelPredecode,
-// linear_driver.h: panel n at wdec + (n * kc + k) * 16).
+// A group's weights decoded once into fp32 (PanelPredecode, linear_driver.h): panel n's 16
+// weights at k at wdec + (n * kc + k) * 16. store_decoded_panels writes nr panels over kc k,
+// decode16(n, k, w0, w1) giving each 16 (the microkernel's own decode, so the same bits);
+// load_decoded16 reads them back.
+template <class Decode16>
+static inline void store_decoded_panels(int nr, int kc, float* wdec, Decode16 decode16) {
+    for (int n = 0; n < nr; ++n)
+        for (int k = 0; k < kc; ++k) {
+            __m256 w0, w1;
+            decode16(n, k, w0, w1);
+            float* d = wdec + (int64_t(n) * kc + k) * 16;
+            _mm256_storeu_ps(d, w0);
+            _mm256_storeu_ps(d + 8, w1);
+        }
+}
+
 static inline void load_decoded16(const float* wdec, int kc, int n, int k, __m256& w0, __m256& w1) {
     const float* d = wdec + (int64_t(n) * kc + k) * 16;
     w0 = _mm256_loadu_ps(d);
