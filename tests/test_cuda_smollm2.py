@@ -5,15 +5,35 @@ HMMA, read from the SASS) in every GEMM and attention kernel."""
 
 import json
 import subprocess
+from collections import Counter
 
 import pytest
 
 pytest.importorskip("triton", reason="pip install 'bessemer[cuda]' to test the cuda target")
 
 from bessemer.format.container import read_rank_header  # noqa: E402
-from bessemer.targets.cuda.cubin import check_kernel, read_cubin, sass_opcodes, tensor_core_counts  # noqa: E402
+from bessemer.targets.cuda.cubin import (check_kernel, read_cubin, sass_opcodes, sass_opcodes_of,  # noqa: E402
+                                         tensor_core_ops)
 
 TENSOR_CORE_KERNELS = {"gemm_kernel", "attention_prefill_kernel", "attention_decode_kernel"}
+
+
+class Disassembly:
+    """cuobjdump's opcode counts of each distinct cubin, disassembled once per test: a
+    cuobjdump run costs about a second of CPU, and engines of one test share cubins (the
+    int8 lm_head's GEMMs) while a split-K cubin is read for its tensor-core ops and its
+    atomics."""
+
+    def __init__(self):
+        self._counts: dict[bytes, Counter] = {}
+
+    def opcodes(self, cubin: bytes) -> Counter:
+        if cubin not in self._counts:
+            self._counts[cubin] = sass_opcodes(cubin)
+        return self._counts[cubin]
+
+    def tensor_core_ops(self, cubin: bytes) -> dict[str, int]:
+        return tensor_core_ops(self.opcodes(cubin))
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +54,13 @@ def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine
              for t in header["tensors"] if t["name"].startswith("cubin/")}
     kernels = header["kernels"]
     assert len(blobs) == len({k["cubin_sha256"] for k in kernels}) >= 20
+    sass = Disassembly()
     for k in kernels:
         cubin = blobs[k["cubin"]]
         assert check_kernel(cubin, k, "sm_90a") == [], k["function"]
         assert read_cubin(cubin).reqntid == (32 * k["num_warps"], 1, 1)
         if k["function"] in TENSOR_CORE_KERNELS:
-            ops = tensor_core_counts(cubin)  # from the SASS, not the stored summary
+            ops = sass.tensor_core_ops(cubin)  # from the SASS, not the stored summary
             assert ops and ops == k["tensor_core_ops"], (k["function"], ops)
     # the prefill-sized GEMMs and the flash prefill run on Hopper's warpgroup MMA
     big = [k for k in kernels if k["function"] == "gemm_kernel" and k["constexprs"]["BLOCK_M"] >= 64]
@@ -48,8 +69,8 @@ def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine
     split = [k for k in kernels if k["constexprs"].get("SPLIT_K", 1) > 1]
     assert split and all(k["function"] == "gemm_kernel" for k in split)
     for k in split:
-        sass = sass_opcodes(blobs[k["cubin"]])
-        assert sass["ATOMG"] and sass["MEMBAR"], (k["constexprs"], dict(sass))
+        ops = sass.opcodes(blobs[k["cubin"]])
+        assert ops["ATOMG"] and ops["MEMBAR"], (k["constexprs"], dict(ops))
     assert all("HGMMA" in k["tensor_core_ops"] for k in kernels if k["function"] == "attention_prefill_kernel")
 
 
@@ -94,6 +115,10 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
     from conftest import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint("llama-tied", tmp_path / "hf", intermediate_size=128)
+    # Every GEMM cubin is read from one batched disassembly per engine (sass_opcodes_of, held
+    # equal to cuobjdump's by test_cuda_compile); cuobjdump (a second each) re-reads one cubin
+    # of each kind in each engine: function, tile class and split K
+    sass, kinds = Disassembly(), set()
     for i, quant in enumerate([QuantConfig("w4a16", group_size=32), QuantConfig("w4a16", group_size=64, zero_point=True),
                                QuantConfig("w4k"), QuantConfig("w8a16"), QuantConfig("fp8", fp8_rounding="nearest")]):
         path = build_engine(ckpt, tmp_path / f"e{i}", BuildConfig(target="cuda", dtype="bfloat16", quant=quant, max_seq_len=128)) \
@@ -109,18 +134,21 @@ def test_quantized_gemm_cubins_pass_the_checks(tiny_checkpoint, tmp_path, kernel
         split_k_seen = set()
         assert {k["function"] for k in gemms} == {main, "gemm_w8_kernel"}  # + the int8 lm_head
         assert any(k["function"] == "embedding_w8_kernel" for k in header["kernels"])  # the tied int8 table
-        for k in gemms:
+        for k, opcodes in zip(gemms, sass_opcodes_of([blobs[k["cubin"]] for k in gemms])):
             cubin = blobs[k["cubin"]]
             assert check_kernel(cubin, k, "sm_90a") == [], (k["function"], k["constexprs"])
-            ops = tensor_core_counts(cubin)
+            ops = tensor_core_ops(opcodes)
             assert ops == k["tensor_core_ops"]
             big = k["constexprs"]["BLOCK_M"] >= 64
+            kind = (i, k["function"], big, k["constexprs"].get("SPLIT_K", 1) > 1)
+            if kind not in kinds:
+                kinds.add(kind)
+                assert sass.opcodes(cubin) == opcodes, kind
             want = ("QGMMA" if k["function"] == "gemm_fp8_kernel" else "HGMMA") if big else "HMMA"
             assert want in ops, (k["function"], k["constexprs"]["BLOCK_M"], ops)
             if k["constexprs"].get("SPLIT_K", 1) > 1:  # the tile's counter: a gpu-scope atomic after a fence
                 split_k_seen.add(k["function"])
-                sass = sass_opcodes(cubin)
-                assert sass["ATOMG"] and sass["MEMBAR"], dict(sass)
+                assert opcodes["ATOMG"] and opcodes["MEMBAR"], dict(opcodes)
         # the decode tiles of the K = 128 down_proj (one 16 x 64 tile) split K: 4 groups (w4k:
         # sub-blocks) of 32, or 2 blocks of 64
         assert main in split_k_seen
