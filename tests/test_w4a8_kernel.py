@@ -30,7 +30,7 @@ def w4a8_plan(N, K, G, bias, x_col=3, y_col=2):
                      [1, y_col, N], N)
 
 
-def run_w4a8(tmp_path, table, codes, scales, G, tokens, isa, threads, bias=None, params="bfloat16"):
+def w4a8_executor(tmp_path, table, codes, scales, G, isa, threads, bias=None, params="bfloat16"):
     N, K = codes.shape
     ents = [f32_entry("emb", table), entry("c", "int4", "panel16_int4_k8", codes.shape,
                                            pack_int4_codes(codes, "panel16_int4_k8")),
@@ -38,7 +38,11 @@ def run_w4a8(tmp_path, table, codes, scales, G, tokens, isa, threads, bias=None,
     if bias is not None:
         ents.append(f32_entry("b", bias))
     path = write(tmp_path / f"w4a8_{isa}.engine", w4a8_plan(N, K, G, bias is not None), ents)
-    return run_flat(executor(path, isa, threads), tokens)
+    return executor(path, isa, threads)
+
+
+def run_w4a8(tmp_path, table, codes, scales, G, tokens, isa, threads, bias=None, params="bfloat16"):
+    return run_flat(w4a8_executor(tmp_path, table, codes, scales, G, isa, threads, bias, params), tokens)
 
 
 def symmetric_weights(rng, N, K, G):
@@ -124,6 +128,34 @@ def test_isas_and_row_counts_agree_bitwise(tmp_path):
             for isa in ISAS for m, t in ((130, 2), (1, 1), (7, 2))]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0][:len(o)])
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("G", [32, 64, 128])
+def test_rows_of_every_call_size_have_the_bits_of_the_row_alone(tmp_path, G):
+    """AVX2: every row of a call of M rows, as raw bits, equals the same row computed alone
+    (M = 1: the GEMV kernel), for M covering the 4-row kernel of groups of multiples of 32
+    (4, 64, 130), its 1-3 row tails (5, 7, 13) and the GEMV path (1-3); each call is also held
+    to the NumPy reference."""
+    rng = np.random.default_rng(G)
+    N, K = 40, 384  # a partial last panel; 12, 6 or 3 groups
+    table = rng.standard_normal((V, K)).astype(np.float32)
+    table[:, 7] *= 30  # an outlier column: one group's int8 steps coarsen
+    codes, s = symmetric_weights(rng, N, K, G)
+    b = rng.standard_normal(N).astype(np.float32)
+    for threads in (1, 2):
+        ex = w4a8_executor(tmp_path, table, codes, s, G, "avx2", threads, b)
+        alone = np.concatenate([run_flat(ex, [v]) for v in range(N)])  # token ids < N (the plan's vocabulary)
+        for m in (1, 2, 3, 4, 5, 7, 13, 64, 130):
+            tokens = rng.integers(0, N, m)
+            out = run_flat(ex, tokens)
+            ref, _ = prim.linear_w4a8_ref(table[tokens], codes, s, G, b)
+            assert np.abs(out - ref).max() <= tol.W4A8_LINEAR_RTOL * np.abs(ref).max(), (G, threads, m)
+            diff = np.flatnonzero((bits(out) != bits(alone[tokens])).any(axis=1))
+            assert diff.size == 0, f"G={G} {threads} threads M={m}: rows {diff[:8]} differ from the row alone"
 
 
 def test_fp32_scales_are_read_too(tmp_path):

@@ -20,7 +20,9 @@
 // activations the signed one, so code - 8 is applied as sum(xq * code) - 8 * sum(xq),
 // the second sum computed once per row and group when the row is quantized. AVX2's
 // maddubs sums two u8 x s8 products into a saturating int16: 2 * 15 * 127 = 3810, and two
-// of them (low and high nibbles) 7620, stay far below 32767, so every step is exact.
+// of them (low and high nibbles) 7620, stay far below 32767, so every step is exact; the
+// 4-row kernel of groups of a multiple of 32 adds 4 blocks' int16 sums (30480) before it
+// widens them to int32, which is exact too.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -127,6 +129,30 @@ namespace {
 
 constexpr int kMR = 4;  // rows per microkernel (one panel: 16 registers of accumulators)
 
+// y (+ bias) of MR rows from their fp32 accumulators (columns 0-7, 8-15), ncols of them.
+template <int MR>
+inline void w4a8_store_rows(const W4A8Args& a, const __m256 (&accf)[MR][2]) {
+    const int nc = a.ncols;
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+        float* yp = a.y + r * a.ldy;
+        __m256 v0 = accf[r][0], v1 = accf[r][1];
+        if (nc >= 16) {
+            if (a.bias) {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + 8));
+            }
+            _mm256_storeu_ps(yp, v0);
+            _mm256_storeu_ps(yp + 8, v1);
+        } else {
+            alignas(32) float t[16];
+            _mm256_store_ps(t, v0);
+            _mm256_store_ps(t + 8, v1);
+            for (int j = 0; j < nc; ++j) yp[j] = a.bias ? t[j] + a.bias[j] : t[j];
+        }
+    }
+}
+
 // MR rows x one panel; per 8-k block: 16 rows x 8 k of codes = two ymm (rows 0-7, 8-15),
 // each split into its low (xa's k) and high (xb's k) nibbles.
 template <int MR>
@@ -169,25 +195,124 @@ void ukr_w4a8_avx2(const W4A8Args& a) {
             accf[r][1] = _mm256_fmadd_ps(t1, _mm256_mul_ps(xs, w1), accf[r][1]);
         }
     }
-    const int nc = a.ncols;
+    w4a8_store_rows<MR>(a, accf);
+}
+
+// The 4-row kernel for groups of a multiple of 32: per 32 k (4 blocks of 8 k) each row's two
+// int16 sums per column add up the 4 blocks before one widening to int32 (4 * 7620 <= 32767:
+// exact), where ukr_w4a8_avx2 widens every block (a third of its vector operations). The
+// block is inline assembly because GCC spills the eight int16 sums of the intrinsics version
+// (it hoists the next blocks' loads above them): eight sums, the nibble mask, four decoded
+// nibble vectors, two activation broadcasts and a product fill the 16 ymm registers exactly.
+//   ymm9/ymm10: low/high nibbles of columns 0-7, ymm11/ymm12: of columns 8-15;
+//   ymm13/ymm14: a row's activation dwords A (low nibbles' k) and B (high nibbles' k).
+#define W4A8_DECODE                            \
+    "vpand (%[p]), %[low], %%ymm9\n\t"         \
+    "vmovdqu (%[p]), %%ymm10\n\t"              \
+    "vpsrlw $4, %%ymm10, %%ymm10\n\t"          \
+    "vpand %%ymm10, %[low], %%ymm10\n\t"       \
+    "vpand 32(%[p]), %[low], %%ymm11\n\t"      \
+    "vmovdqu 32(%[p]), %%ymm12\n\t"            \
+    "vpsrlw $4, %%ymm12, %%ymm12\n\t"          \
+    "vpand %%ymm12, %[low], %%ymm12\n\t"
+// one row's block, the sums S0 (columns 0-7) and S1 (8-15) set (SET) or added to (ADD)
+#define W4A8_ROW_SET(S0, S1, X)                    \
+    "vpbroadcastd (" X "), %%ymm13\n\t"            \
+    "vpbroadcastd 4(" X "), %%ymm14\n\t"           \
+    "vpmaddubsw %%ymm13, %%ymm9, %" S0 "\n\t"      \
+    "vpmaddubsw %%ymm13, %%ymm11, %" S1 "\n\t"     \
+    "vpmaddubsw %%ymm14, %%ymm10, %%ymm15\n\t"     \
+    "vpmaddubsw %%ymm14, %%ymm12, %%ymm14\n\t"     \
+    "vpaddw %%ymm15, %" S0 ", %" S0 "\n\t"         \
+    "vpaddw %%ymm14, %" S1 ", %" S1 "\n\t"
+#define W4A8_ROW_ADD(S0, S1, X)                    \
+    "vpbroadcastd (" X "), %%ymm13\n\t"            \
+    "vpbroadcastd 4(" X "), %%ymm14\n\t"           \
+    "vpmaddubsw %%ymm13, %%ymm9, %%ymm15\n\t"      \
+    "vpmaddubsw %%ymm13, %%ymm11, %%ymm13\n\t"     \
+    "vpaddw %%ymm15, %" S0 ", %" S0 "\n\t"         \
+    "vpaddw %%ymm13, %" S1 ", %" S1 "\n\t"         \
+    "vpmaddubsw %%ymm14, %%ymm10, %%ymm15\n\t"     \
+    "vpmaddubsw %%ymm14, %%ymm12, %%ymm14\n\t"     \
+    "vpaddw %%ymm15, %" S0 ", %" S0 "\n\t"         \
+    "vpaddw %%ymm14, %" S1 ", %" S1 "\n\t"
+#define W4A8_OPS(ROW)                                                                        \
+    W4A8_DECODE ROW("[s00]", "[s01]", "%[x0]") ROW("[s10]", "[s11]", "%[x1]")               \
+        ROW("[s20]", "[s21]", "%[x2]") ROW("[s30]", "[s31]", "%[x3]")
+#define W4A8_SUMS(C)                                                                         \
+    [s00] C(s[0][0]), [s01] C(s[0][1]), [s10] C(s[1][0]), [s11] C(s[1][1]), [s20] C(s[2][0]), \
+        [s21] C(s[2][1]), [s30] C(s[3][0]), [s31] C(s[3][1])
+#define W4A8_IN [p] "r"(p), [x0] "r"(x[0] + o), [x1] "r"(x[1] + o), [x2] "r"(x[2] + o), [x3] "r"(x[3] + o), [low] "x"(low)
+// "memory": the block reads the codes and activations through its pointer operands
+#define W4A8_CLOBBER "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory"
+#define W4A8_OUT(v) "=x"(v)
+#define W4A8_INOUT(v) "+x"(v)
+
+// Block at p (64 bytes of codes), activations at x[r] + o: s = (FIRST) or += its int16 sums.
+template <bool FIRST>
+inline void w4a8_block_rows4(const char* p, const int8_t* const* x, int64_t o, __m256i low, __m256i (&s)[4][2]) {
+    if (FIRST)
+        __asm__(W4A8_OPS(W4A8_ROW_SET) : W4A8_SUMS(W4A8_OUT) : W4A8_IN : W4A8_CLOBBER);
+    else
+        __asm__(W4A8_OPS(W4A8_ROW_ADD) : W4A8_SUMS(W4A8_INOUT) : W4A8_IN : W4A8_CLOBBER);
+}
+#undef W4A8_DECODE
+#undef W4A8_ROW_SET
+#undef W4A8_ROW_ADD
+#undef W4A8_OPS
+#undef W4A8_SUMS
+#undef W4A8_IN
+#undef W4A8_CLOBBER
+#undef W4A8_OUT
+#undef W4A8_INOUT
+
+// The 32 k from o (4 blocks at p) of 4 rows: acc = (ADD: acc +) their int32 sums.
+template <bool ADD>
+inline void w4a8_chunk_rows4(const char* p, const int8_t* const* x, int64_t o, __m256i low, __m256i (&acc)[4][2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s[4][2];
+    w4a8_block_rows4<true>(p, x, o, low, s);
+    w4a8_block_rows4<false>(p + 64, x, o + 8, low, s);
+    w4a8_block_rows4<false>(p + 128, x, o + 16, low, s);
+    w4a8_block_rows4<false>(p + 192, x, o + 24, low, s);
 #pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-        float* yp = a.y + r * a.ldy;
-        __m256 v0 = accf[r][0], v1 = accf[r][1];
-        if (nc >= 16) {
-            if (a.bias) {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + 8));
-            }
-            _mm256_storeu_ps(yp, v0);
-            _mm256_storeu_ps(yp + 8, v1);
-        } else {
-            alignas(32) float t[16];
-            _mm256_store_ps(t, v0);
-            _mm256_store_ps(t + 8, v1);
-            for (int j = 0; j < nc; ++j) yp[j] = a.bias ? t[j] + a.bias[j] : t[j];
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+            const __m256i t = _mm256_madd_epi16(s[r][h], ones);
+            acc[r][h] = ADD ? _mm256_add_epi32(acc[r][h], t) : t;
+        }
+}
+
+// 4 rows x one panel, G a multiple of 32: a group's int32 sums from its chunks of 32 k (ONE:
+// G = 32, one chunk), then the epilogue of ukr_w4a8_avx2 (the same int32 sums, so the same
+// fp32 steps and bits).
+template <bool ONE>
+void ukr_w4a8_avx2_g32(const W4A8Args& a) {
+    __m256 accf[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const int8_t* x[4] = {a.xq, a.xq + a.ldq, a.xq + 2 * a.ldq, a.xq + 3 * a.ldq};
+    const char* w = reinterpret_cast<const char*>(a.w);
+    for (int g = 0; g < a.ng; ++g) {
+        const int64_t k0 = int64_t(g) * a.G;  // 8 k = 64 bytes of codes
+        __m256i acc[4][2];
+        w4a8_chunk_rows4<false>(w + k0 * 8, x, k0, low, acc);
+        if (!ONE)
+            for (int64_t k = k0 + 32; k < k0 + a.G; k += 32) w4a8_chunk_rows4<true>(w + k * 8, x, k, low, acc);
+        const __m256 w0 = _mm256_loadu_ps(a.ws + g * 16), w1 = _mm256_loadu_ps(a.ws + g * 16 + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+            const __m256i c = _mm256_set1_epi32(a.xc[r * a.ng + g]);
+            const __m256 xs = _mm256_set1_ps(a.xs[r * a.ng + g]);
+            const __m256 t0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][0], c));
+            const __m256 t1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][1], c));
+            accf[r][0] = _mm256_fmadd_ps(t0, _mm256_mul_ps(xs, w0), accf[r][0]);
+            accf[r][1] = _mm256_fmadd_ps(t1, _mm256_mul_ps(xs, w1), accf[r][1]);
         }
     }
+    w4a8_store_rows<4>(a, accf);
 }
 
 struct UkTableW4A8 {
@@ -202,11 +327,21 @@ struct UkTableW4A8 {
 
 const UkTableW4A8 kTable;
 
+// The 4-row kernel of groups of 32 (G32) or of a multiple of 32 (G32N).
+template <bool ONE>
+struct UkTableW4A8G32 : UkTableW4A8 {
+    constexpr UkTableW4A8G32() { f[4 * 2 + 1] = ukr_w4a8_avx2_g32<ONE>; }
+};
+
+const UkTableW4A8G32<true> kTableG32;
+const UkTableW4A8G32<false> kTableG32N;
+
 }  // namespace
 
 void linear_w4a8_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales, int G, int N,
                       int K, const float* bias, float* y, int64_t ldy, int nthreads) {
-    linear_w4a8_drive(x, ldx, M, codes, scales, G, N, K, bias, y, ldy, nthreads, kMR, 1, kTable.f, 2);
+    const W4A8Uk* table = G == 32 ? kTableG32.f : G % 32 == 0 ? kTableG32N.f : kTable.f;
+    linear_w4a8_drive(x, ldx, M, codes, scales, G, N, K, bias, y, ldy, nthreads, kMR, 1, table, 2);
 }
 
 }  // namespace bessemer
