@@ -177,6 +177,17 @@ def tiny_checkpoint(run_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint_i128(run_dir):
+    """The tiny checkpoint of a family at an intermediate size of 128 (every K of 64 and 128 a
+    whole number of 32- and 64-wide groups, and two 64-wide K blocks), built once per run."""
+    def get(kind: str) -> Path:
+        return build_once(run_dir, f"hf-{kind}-i128", lambda out: make_tiny_checkpoint(
+            kind, out, intermediate_size=128))
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_checkpoint, run_dir):
     from bessemer.builder.build import build_engine
     from bessemer.builder.config import BuildConfig

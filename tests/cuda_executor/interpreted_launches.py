@@ -3,14 +3,22 @@ of steps, in the symbolic form of launches.py, written as JSON. Run as a script 
 started with TRITON_INTERPRET=1 (the interpreter's requirement):
 
     TRITON_INTERPRET=1 python interpreted_launches.py ENGINE_DIR NUM_KV_BLOCKS STEPS.json OUT.json
+    TRITON_INTERPRET=1 python interpreted_launches.py --serve
+
+--serve answers one request a line on stdin (the four arguments as a JSON list) with one line
+on stdout, "ok" or "error" and the traceback as JSON, so that the tests pay the start-up
+(torch, triton, the kernel modules) once and not once per engine; each request builds its own
+executor, as a process of its own would.
 
 STEPS.json: [{"inputs": [token_ids, positions, cu_seqlens, context_lens, block_tables,
 logits_indices], "sample": null | [temperature, top_k, top_p, uniform]}, ...]. Kernel bodies
 are not run (recorded instead): what is compared is what each launch is given.
 """
 
+import contextlib
 import json
 import sys
+import traceback
 
 import numpy as np
 import torch
@@ -79,5 +87,21 @@ def main(engine_dir: str, num_kv_blocks: int, steps_path: str, out_path: str) ->
         json.dump(per_step, f)
 
 
+def serve() -> None:
+    replies = sys.stdout
+    for line in sys.stdin:
+        engine_dir, num_kv_blocks, steps_path, out_path = json.loads(line)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the replies
+                main(engine_dir, int(num_kv_blocks), steps_path, out_path)
+            reply = "ok"
+        except Exception:
+            reply = "error " + json.dumps(traceback.format_exc())
+        print(reply, file=replies, flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

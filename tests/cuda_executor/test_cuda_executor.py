@@ -178,16 +178,31 @@ def test_decode_steps_replay_cuda_graphs_padded_to_a_bucket(engine, fake_cuda):
     assert [dict(g, replay=0) for g in graph] == eager and all(g["replay"] for g in graph)
 
 
-def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
-    """The interpreted launcher's launches for `steps` (a child process: the Triton
-    interpreter must be on before any kernel module is imported)."""
-    (tmp_path / "steps.json").write_text(json.dumps(steps))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, str(HERE / "interpreted_launches.py"), str(engine_dir), str(num_kv_blocks),
-                          str(tmp_path / "steps.json"), str(tmp_path / "out.json")], env=env, capture_output=True,
-                         text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads((tmp_path / "out.json").read_text())
+@pytest.fixture(scope="session")
+def interpreted():
+    """The interpreted launcher's launches for a list of steps: a function of (engine_dir,
+    num_kv_blocks, steps, tmp_path), answered by one child process started with
+    TRITON_INTERPRET=1 (the interpreter must be on before any kernel module is imported) and
+    kept for the session (interpreted_launches.py --serve), each engine in its own executor."""
+    # started inside the first test that asks, whose fake driver it must not take with it
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BESSEMER_LIBCUDA", "BESSEMER_FAKE_CUDA"))}
+    child = subprocess.Popen([sys.executable, str(HERE / "interpreted_launches.py"), "--serve"],
+                             env=dict(env, TRITON_INTERPRET="1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+
+    def launches(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
+        (tmp_path / "steps.json").write_text(json.dumps(steps))
+        request = [str(engine_dir), num_kv_blocks, str(tmp_path / "steps.json"), str(tmp_path / "out.json")]
+        child.stdin.write(json.dumps(request) + "\n")
+        child.stdin.flush()
+        reply = child.stdout.readline()
+        assert reply.startswith("ok"), json.loads(reply[len("error "):]) if reply.startswith("error ") else \
+            f"the interpreted launcher exited ({child.poll()})"
+        return json.loads((tmp_path / "out.json").read_text())
+
+    yield launches
+    child.stdin.close()
+    child.wait()
 
 
 @pytest.mark.parametrize("kind,kv,quant", [(KIND, None, None), (KIND, "int8", None),
@@ -196,7 +211,7 @@ def _interpreted(engine_dir, num_kv_blocks: int, steps: list, tmp_path) -> list:
                                            pytest.param("gpt-oss", None, None, marks=pytest.mark.slow),
                                            pytest.param("gpt-oss", None, "w4a16", marks=pytest.mark.slow)])
 def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_engine, quant_cuda_engine, fake_cuda,
-                                                      tmp_path):
+                                                      interpreted, tmp_path):
     """A prefill of two prompts, a decode step of two sequences with sampling (a graph
     replay), and a decode step of three with graphs off: kernel, grid and every argument of
     every launch equal the interpreted launcher's; block = 32 x compiled num_warps, shared
@@ -223,10 +238,10 @@ def test_every_launch_matches_the_interpreted_launcher(kind, kv, quant, cuda_eng
     assert ex._ex.kv_bytes_per_block == engine.build["kv_block_size"] * section_bytes_per_token(kv_section)
     kernels = engine.header["kernels"]
     steps = [(_prefill(), None, True), (_decode(2), _sampling(2), True), (_decode(3), _sampling(3), False)]
-    expected = _interpreted(engine.dir, ex.num_kv_blocks,
-                            [{"inputs": [s[k] for k in ("token_ids", "positions", "cu_seqlens", "context_lens",
+    expected = interpreted(engine.dir, ex.num_kv_blocks,
+                           [{"inputs": [s[k] for k in ("token_ids", "positions", "cu_seqlens", "context_lens",
                                                         "block_tables", "logits_indices")],
-                              "sample": list(sampling) if sampling else None} for s, sampling, _ in steps], tmp_path)
+                             "sample": list(sampling) if sampling else None} for s, sampling, _ in steps], tmp_path)
     for (step, sampling, graphs), want in zip(steps, expected):
         ex.use_graphs = graphs
         fake_cuda.clear()

@@ -2,11 +2,12 @@
 TRITON_INTERPRET=1 by tests/test_cuda_interpreter.py): a request's tokens and logprobs (generated
 and prompt) are bit-identical alone, in a batch of other requests (its decode rows next to their
 prefill chunks: the GEMMs' 64-row instantiations instead of the 16-row split-K ones), with its
-prefill in other chunks (other prefill tiles), with its last prompt tokens one a step (alone in
-their steps: through the decode attention kernel and its two splits instead of a prefill tile;
-a decode that merged its splits otherwise than the prefill tile merges its key blocks fails
-here), and after a prefix-cache hit (its tokens and logprobs: a request that asks for prompt
-logprobs reads nothing from the cache, so the hit is asked without them, and counted).
+prefill in other chunks (other prefill tiles) and then its last prompt tokens one a step (alone
+in their steps: through the decode attention kernel instead of a prefill tile, with one key
+block and an empty second split, then with both splits; a decode that merged its splits
+otherwise than the prefill tile merges its key blocks fails here), and after a prefix-cache
+hit (its tokens and logprobs: a request that asks for prompt logprobs reads nothing from the
+cache, so the hit is asked without them, and counted).
 
 The engine: tiny Gemma 3 in w4a16 g32 (a sliding-window layer, window 6, and a full one; int4
 linears whose K of 64 and 128 the decode bucket cuts into 2 and 4 parts; the tied int8 lm_head;
@@ -48,17 +49,13 @@ def run_mixed_then_hit(llm: LLM, target: list[int], others: list[list[int]], rng
     return mixed, (tokens, logprobs)
 
 
-def run_with_decode_rows(llm: LLM, target: list[int], first: int) -> tuple:
-    """`target` with its first `first` prompt tokens prefilled in chunks of 24 and 12 and the
-    rest one token a step (decode rows)."""
+def run_with_decode_rows(llm: LLM, target: list[int], chunks: tuple[int, ...]) -> tuple:
+    """`target` with its first prompt tokens prefilled in `chunks` (one a step) and the rest
+    one token a step (decode rows)."""
     (mine,) = llm.add_request(target, GREEDY)
-    done = 0
-    for chunk in (24, 24, 12):
-        if done + chunk > first:
-            break
+    for chunk in chunks:
         llm.llm_engine.set_limits(None, chunk)
         llm.step()
-        done += chunk
     llm.llm_engine.set_limits(None, 1)
     while llm.has_unfinished():
         llm.step()
@@ -83,9 +80,11 @@ def test_a_request_is_bit_identical_alone_batched_chunked_and_cached(run_dir):
     want = run_alone(fresh, target, GREEDY)
     assert len(want[0]) == 3 and len(want[2]) == len(target)
 
-    fresh.llm_engine.set_limits(None, 16)
-    assert run_alone(fresh, target, GREEDY) == want, "prefill in chunks of 16 tokens"
-    assert run_with_decode_rows(fresh, target, 60) == want, "prompt tokens 61-69 one a step"
+    # chunks of 16 and 15 (want's: 24, 24, 21), then positions 63-68 as decode rows: 63 sees one
+    # 64-key block (the second split empty), 64-68 two (both splits); 64 and 68 start a KV
+    # block of 4, 65-67 read one part-filled
+    assert run_with_decode_rows(fresh, target, (16, 16, 16, 15)) == want, \
+        "prefill in chunks of 16, 16, 16, 15, then prompt tokens 64-69 one a step"
 
     cached = LLM(engine, interpret=True, enable_prefix_caching=True)
     mixed, hit = run_mixed_then_hit(cached, target, prompts(rng, cached.vocab_size, 3, 1, 20), rng, 68)
@@ -93,7 +92,7 @@ def test_a_request_is_bit_identical_alone_batched_chunked_and_cached(run_dir):
     assert hit == want[:2], "prefix-cache hit on 68 tokens: the last prompt token a decode row"
 
 
-def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cached(run_dir):
+def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cached(run_dir, tiny_checkpoint_i128):
     """The same oracle for the kernels the Gemma 3 engine does not reach, on fewer scenarios
     (each interpreted step costs about a second): a tiny Llama in fp8 at intermediate 128
     (per-token E4M3 activation scales inside the GEMM; down_proj's K of 128 split in two at
@@ -106,8 +105,7 @@ def test_fp8_and_grouped_expert_engines_are_bit_identical_alone_batched_and_cach
     cases = {"llama-fp8": ("llama-untied", QuantConfig("fp8", fp8_rounding="nearest")),
              "qwen3-moe-w4a16": ("qwen3-moe", QuantConfig("w4a16", group_size=32))}
     for name, (kind, quant) in cases.items():
-        ckpt = build_once(run_dir, f"hf-{kind}-i128", lambda out, kind=kind: make_tiny_checkpoint(
-            kind, out, intermediate_size=128))
+        ckpt = tiny_checkpoint_i128(kind)
         config = BuildConfig(target="cuda", dtype="bfloat16", kv_block_size=4, max_num_tokens=24, max_seq_len=128,
                              quant=quant)
         engine = build_once(run_dir, f"cuda-invariance-{name}",

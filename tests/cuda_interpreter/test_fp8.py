@@ -23,7 +23,7 @@ import pytest
 from interp_support import assert_rounded_close, assert_row_bits_in_every_bucket, device_tensor, host, \
     split_k_workspace, torch
 
-from conftest import _hf_model, make_tiny_checkpoint
+from conftest import _hf_model
 from tolerances import CUDA_BF16_ERROR_RATIO
 
 from bessemer.builder.build import build_engine
@@ -102,8 +102,8 @@ def _fake_quantized_hf(ckpt, dtype: str):
     return model.to(getattr(torch, dtype))
 
 
-def test_fp8_cuda_plan_matches_fake_quantized_hf(tmp_path):
-    ckpt = make_tiny_checkpoint("llama-untied", tmp_path / "hf", intermediate_size=128)
+def test_fp8_cuda_plan_matches_fake_quantized_hf(tiny_checkpoint_i128, tmp_path):
+    ckpt = tiny_checkpoint_i128("llama-untied")
     quant = QuantConfig("fp8", fp8_rounding="nearest", fp8_activations="dynamic", lm_head="none")
     engine = build_engine(ckpt, tmp_path / "e", BuildConfig(
         target="cuda", dtype="float16", quant=quant, kv_block_size=4, max_num_tokens=24, max_seq_len=128))

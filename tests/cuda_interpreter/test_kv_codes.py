@@ -5,7 +5,8 @@ A tiny Mistral (GQA, sliding window) and a Llama with bf16 activations and a qua
 cache vs HF fp32 whose attention reads the same fake-quantized K (after RoPE) and V
 (hf_kv_quant.py, the cpu target's oracle too): within CUDA_BF16_ERROR_RATIO of the error of
 that HF model run in bf16, with all-prefill steps and with chunked prefill + decode (the
-decode kernel's split-K over codes). The kernels' codes and scales are checked one by one in
+decode kernel over codes: rows that start a KV block of 4 and rows that read one part-filled,
+with Mistral's window of 8 sliding). The kernels' codes and scales are checked one by one in
 test_kernels_rows.py and their attention in test_kernels_attention.py.
 """
 
@@ -14,12 +15,9 @@ import pytest
 
 from interp_support import torch
 
-from conftest import make_tiny_checkpoint
 from hf_kv_quant import register_hf_kvq
 from tolerances import CUDA_BF16_ERROR_RATIO
 
-from bessemer.builder.build import build_engine
-from bessemer.builder.config import BuildConfig
 from bessemer.format.container import read_rank_header
 from bessemer.format.kv import kv_bytes_per_token
 from bessemer.runtime.llm import LLM
@@ -35,10 +33,11 @@ def _hf(ckpt, kind: str, dtype: str):
 # each kind once (the codes' kernels are the same for every family): int8 with GQA and a
 # sliding window, fp8 on Llama
 @pytest.mark.parametrize("family,kind", [("mistral", "int8"), ("llama-untied", "fp8")])
-def test_cuda_plan_with_quantized_kv_matches_hf_with_fake_quantized_kv(family, kind, tmp_path):
-    ckpt = make_tiny_checkpoint(family, tmp_path / "hf")
-    engine = build_engine(ckpt, tmp_path / "e", BuildConfig(
-        target="cuda", dtype="bfloat16", kv_cache_dtype=kind, kv_block_size=4, max_num_tokens=24, max_seq_len=128))
+def test_cuda_plan_with_quantized_kv_matches_hf_with_fake_quantized_kv(family, kind, tiny_checkpoint, cuda_engine):
+    # the run's tiny checkpoint and its bf16 cuda engine (kv block 4, max_num_tokens 24) with
+    # the one-byte cache: built once per run
+    ckpt = tiny_checkpoint(family)
+    engine = cuda_engine(family, kv_cache_dtype=kind)
     llm = LLM(engine, interpret=True)
     kv = read_rank_header(engine / "rank0.engine")[2]["plan"]["kv_cache"]
     assert kv["dtype"] == {"int8": "int8", "fp8": "float8_e4m3"}[kind] and "scales" in kv
@@ -48,7 +47,10 @@ def test_cuda_plan_with_quantized_kv_matches_hf_with_fake_quantized_kv(family, k
     ref32, ref16 = _hf(ckpt, kind, "float32"), _hf(ckpt, kind, "bfloat16")
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, 250, n).tolist() for n in (9, 30)]
-    for num_prefill in (None, 3):  # all prefill, then 3 prefill tokens and decode steps
+    # all prefill; then 20 prefill tokens (all of the 9-token prompt) and the 30-token prompt's
+    # positions 20-29 as decode rows: 20, 24 and 28 start a KV block, the others read one
+    # part-filled, and each leaves out keys outside Mistral's window of 8
+    for num_prefill in (None, 20):
         for ids, got in zip(prompts, llm.score(prompts, num_prefill=num_prefill)):
             with torch.no_grad():
                 want = ref32(torch.tensor([ids])).logits[0].numpy()

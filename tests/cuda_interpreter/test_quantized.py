@@ -20,7 +20,7 @@ import pytest
 from interp_support import assert_rounded_close, assert_row_bits_in_every_bucket, device_tensor, host, \
     split_k_workspace, torch
 
-from conftest import _hf_model, make_tiny_checkpoint
+from conftest import _hf_model
 from tolerances import CUDA_BF16_ERROR_RATIO
 
 from bessemer.builder.build import build_engine
@@ -194,9 +194,9 @@ IDS = ["w8a16", "w4a16-g32", "w4a16-g64-asym", "w4k"]
 
 
 @pytest.fixture(scope="module")
-def quant_checkpoint(tmp_path_factory):
+def quant_checkpoint(tiny_checkpoint_i128):
     # intermediate 128: every K (64, 128) a whole number of 32- and 64-wide groups
-    return make_tiny_checkpoint("llama-untied", tmp_path_factory.mktemp("hf-cuda-quant"), intermediate_size=128)
+    return tiny_checkpoint_i128("llama-untied")
 
 
 def _fake_quantized_hf(ckpt, quant: QuantConfig, dtype: str):
