@@ -129,6 +129,23 @@ namespace {
 
 constexpr int kMR = 4;  // rows per microkernel (one panel: 16 registers of accumulators)
 
+// Group g's epilogue, the one statement of the fp32 steps every AVX2 kernel takes (so that a
+// row's bits do not depend on which kernel ran it): accf[r] += float(acc[r] - xc) * (xs * ws),
+// acc the group's exact int32 sums of MR rows (columns 0-7, 8-15).
+template <int MR>
+inline void w4a8_add_group(const W4A8Args& a, int g, const __m256i (&acc)[MR][2], __m256 (&accf)[MR][2]) {
+    const __m256 w0 = _mm256_loadu_ps(a.ws + g * 16), w1 = _mm256_loadu_ps(a.ws + g * 16 + 8);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+        const __m256i c = _mm256_set1_epi32(a.xc[r * a.ng + g]);
+        const __m256 xs = _mm256_set1_ps(a.xs[r * a.ng + g]);
+        const __m256 t0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][0], c));
+        const __m256 t1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][1], c));
+        accf[r][0] = _mm256_fmadd_ps(t0, _mm256_mul_ps(xs, w0), accf[r][0]);
+        accf[r][1] = _mm256_fmadd_ps(t1, _mm256_mul_ps(xs, w1), accf[r][1]);
+    }
+}
+
 // y (+ bias) of MR rows from their fp32 accumulators (columns 0-7, 8-15), ncols of them.
 template <int MR>
 inline void w4a8_store_rows(const W4A8Args& a, const __m256 (&accf)[MR][2]) {
@@ -183,17 +200,7 @@ void ukr_w4a8_avx2(const W4A8Args& a) {
                 acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
             }
         }
-        const float* wsg = a.ws + g * 16;
-        const __m256 w0 = _mm256_loadu_ps(wsg), w1 = _mm256_loadu_ps(wsg + 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-            const __m256i c = _mm256_set1_epi32(a.xc[r * a.ng + g]);
-            const __m256 xs = _mm256_set1_ps(a.xs[r * a.ng + g]);
-            const __m256 t0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][0], c));
-            const __m256 t1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][1], c));
-            accf[r][0] = _mm256_fmadd_ps(t0, _mm256_mul_ps(xs, w0), accf[r][0]);
-            accf[r][1] = _mm256_fmadd_ps(t1, _mm256_mul_ps(xs, w1), accf[r][1]);
-        }
+        w4a8_add_group<MR>(a, g, acc, accf);
     }
     w4a8_store_rows<MR>(a, accf);
 }
@@ -285,7 +292,7 @@ inline void w4a8_chunk_rows4(const char* p, const int8_t* const* x, int64_t o, _
 }
 
 // 4 rows x one panel, G a multiple of 32: a group's int32 sums from its chunks of 32 k (ONE:
-// G = 32, one chunk), then the epilogue of ukr_w4a8_avx2 (the same int32 sums, so the same
+// G = 32, one chunk), then w4a8_add_group (the same int32 sums as ukr_w4a8_avx2, so the same
 // fp32 steps and bits).
 template <bool ONE>
 void ukr_w4a8_avx2_g32(const W4A8Args& a) {
@@ -301,16 +308,7 @@ void ukr_w4a8_avx2_g32(const W4A8Args& a) {
         w4a8_chunk_rows4<false>(w + k0 * 8, x, k0, low, acc);
         if (!ONE)
             for (int64_t k = k0 + 32; k < k0 + a.G; k += 32) w4a8_chunk_rows4<true>(w + k * 8, x, k, low, acc);
-        const __m256 w0 = _mm256_loadu_ps(a.ws + g * 16), w1 = _mm256_loadu_ps(a.ws + g * 16 + 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-            const __m256i c = _mm256_set1_epi32(a.xc[r * a.ng + g]);
-            const __m256 xs = _mm256_set1_ps(a.xs[r * a.ng + g]);
-            const __m256 t0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][0], c));
-            const __m256 t1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][1], c));
-            accf[r][0] = _mm256_fmadd_ps(t0, _mm256_mul_ps(xs, w0), accf[r][0]);
-            accf[r][1] = _mm256_fmadd_ps(t1, _mm256_mul_ps(xs, w1), accf[r][1]);
-        }
+        w4a8_add_group<4>(a, g, acc, accf);
     }
     w4a8_store_rows<4>(a, accf);
 }
