@@ -17,6 +17,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
 HIT = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
 
 
+def bits(a) -> np.ndarray:
+    """fp32 values as their raw bits, for comparisons where -0.0 vs 0.0 or two NaNs count."""
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
 def result(seq) -> tuple:
     """What must be bit-identical: generated ids, their logprobs, the prompt logprobs."""
     return seq.output_token_ids, seq.logprobs, seq.prompt_logprobs

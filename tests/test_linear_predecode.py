@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
+from invariance import bits  # noqa: E402
 from test_batch_invariance_kernels import linear_case  # noqa: E402
 from test_kernels import assert_close, run_flat  # noqa: E402
 from test_quant_kernels import executor, f32_entry, quant_plan, w4_entries, write  # noqa: E402
@@ -35,10 +36,6 @@ SIZES = (1, 6, 7, 13, 64, 130)
 # (N, K): one K block of 18 groups; 3 K blocks of 512 and a partial last panel (N % 16 = 8)
 SHAPES = [(48, 576), (40, 1536)]
 KINDS = ["w4a16@1", "w4a16@2", "w4a16@3", "w8a16", "fp8"]
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 def check_rows_alone(ex, ref, rt, what, threads, per_row=False):

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
+from invariance import bits  # noqa: E402
 from test_kernels import ISAS, emb_step, make_plan, run_flat, step  # noqa: E402
 from test_quant_kernels import _load_err, entry, executor, f32_entry, write  # noqa: E402
 
@@ -128,10 +129,6 @@ def test_isas_and_row_counts_agree_bitwise(tmp_path):
             for isa in ISAS for m, t in ((130, 2), (1, 1), (7, 2))]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0][:len(o)])
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 @pytest.mark.parametrize("G", [32, 64, 128])
