@@ -153,19 +153,13 @@ inline void w4a8_store_rows(const W4A8Args& a, const __m256 (&accf)[MR][2]) {
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
         float* yp = a.y + r * a.ldy;
-        __m256 v0 = accf[r][0], v1 = accf[r][1];
         if (nc >= 16) {
-            if (a.bias) {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + 8));
-            }
-            _mm256_storeu_ps(yp, v0);
-            _mm256_storeu_ps(yp + 8, v1);
+            store_row16(yp, accf[r][0], accf[r][1], a.bias);
         } else {
             alignas(32) float t[16];
-            _mm256_store_ps(t, v0);
-            _mm256_store_ps(t + 8, v1);
-            for (int j = 0; j < nc; ++j) yp[j] = a.bias ? t[j] + a.bias[j] : t[j];
+            _mm256_store_ps(t, accf[r][0]);
+            _mm256_store_ps(t + 8, accf[r][1]);
+            store_row_tail(yp, t, nc, a.bias);
         }
     }
 }
