@@ -22,6 +22,16 @@ def bits(a) -> np.ndarray:
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def skip_if_auto_runs_avx2(engine, isa: str, auto_case_exists: bool) -> None:
+    """Skips an isa="avx2" case whose isa="auto" twin runs in the same test on this CPU:
+    where auto picks AVX2 (no AVX-512), the two cases run the same kernels on the same
+    inputs. The executor, not a copy of its rule, says what auto picks."""
+    import pytest
+
+    if isa == "avx2" and auto_case_exists and LLM(engine, num_threads=1).executor.info.isa == "avx2":
+        pytest.skip("isa auto runs AVX2 on this CPU: the auto case of this engine runs these kernels")
+
+
 def result(seq) -> tuple:
     """What must be bit-identical: generated ids, their logprobs, the prompt logprobs."""
     return seq.output_token_ids, seq.logprobs, seq.prompt_logprobs

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import WIKITEXT, build_once
-from invariance import HIT, MAX_TOKENS, prompts, run_alone, run_mixed
+from invariance import HIT, MAX_TOKENS, prompts, run_alone, run_mixed, skip_if_auto_runs_avx2
 
 from bessemer.runtime.llm import LLM
 
@@ -60,7 +60,9 @@ def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     return smollm2_quantized(smollm2_dir, run_dir, mode), isa
 
 
-@pytest.fixture(scope="module", params=[
+# (family, mode, isa): an "avx2" case beside an "auto" one tests the fallback where auto picks
+# AVX-512, and is skipped where auto picks AVX2 (invariance.skip_if_auto_runs_avx2)
+ENGINES = [
     ("smollm2", "float32", "auto"), ("smollm2", "bfloat16", "auto"), ("smollm2", "bfloat16", "avx2"),
     ("smollm2", "w4a16", "auto"), ("smollm2", "w8a8-sq", "auto"), ("smollm2", "w4a8", "auto"),
     ("smollm2", "w4a8", "avx2"),
@@ -70,7 +72,10 @@ def get_engine(param, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     ("qwen3-moe", "w8a16", "auto"), ("qwen3-moe", "fp8", "auto"), ("gpt-oss", "w4k", "auto"),
     ("llama-untied", "kv-int8", "auto"), ("llama-untied", "kv-fp8", "auto"),
     ("llama-untied", "tp2", "auto"),
-], ids=lambda p: "-".join(p))
+]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=lambda p: "-".join(p))
 def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     """(engine dir, isa): SmolLM2 in fp32, bf16 (both ISAs), w4a16, w8a8-sq, w4a8 (both ISAs); tiny Mistral and
     Gemma 3 (sliding-window layers: blocks of keys starting inside a window); tiny Llama in fp8 (dynamic
@@ -80,7 +85,9 @@ def engine(request, smollm2_dir, smollm2_engine, tiny_engine, run_dir):
     tensor-parallel ranks. TP=2 is compared with itself only: its all-reduce adds the two ranks' partial sums of each
     row-parallel linear, an order of the sum TP=1 does not have, so TP=2 vs TP=1 is close
     (test_tensor_parallel.py) but not bit-identical."""
-    return get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
+    engine_dir, isa = get_engine(request.param, smollm2_dir, smollm2_engine, tiny_engine, run_dir)
+    skip_if_auto_runs_avx2(engine_dir, isa, (*request.param[:2], "auto") in ENGINES)
+    return engine_dir, isa
 
 
 @pytest.fixture(scope="module", params=[

@@ -32,9 +32,6 @@ class Disassembly:
             self._counts[cubin] = sass_opcodes(cubin)
         return self._counts[cubin]
 
-    def tensor_core_ops(self, cubin: bytes) -> dict[str, int]:
-        return tensor_core_ops(self.opcodes(cubin))
-
 
 @pytest.fixture(scope="module")
 def smollm2_cuda_engine(smollm2_dir, tmp_path_factory):
@@ -60,7 +57,7 @@ def test_every_cubin_of_the_smollm2_engine_passes_the_checks(smollm2_cuda_engine
         assert check_kernel(cubin, k, "sm_90a") == [], k["function"]
         assert read_cubin(cubin).reqntid == (32 * k["num_warps"], 1, 1)
         if k["function"] in TENSOR_CORE_KERNELS:
-            ops = sass.tensor_core_ops(cubin)  # from the SASS, not the stored summary
+            ops = tensor_core_ops(sass.opcodes(cubin))  # from the SASS, not the stored summary
             assert ops and ops == k["tensor_core_ops"], (k["function"], ops)
     # the prefill-sized GEMMs and the flash prefill run on Hopper's warpgroup MMA
     big = [k for k in kernels if k["function"] == "gemm_kernel" and k["constexprs"]["BLOCK_M"] >= 64]
