@@ -368,6 +368,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("xdist_group")))
 
 
+LOST_GROUPS = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's worker has named the groups
+def pytest_collection_finish(session):
+    """Notes the tests of a `--dist loadgroup` run whose xdist group was lost (on the workers a
+    grouped test's node id ends in "@group"): without it a module fixture is set up on every
+    worker, and again each time a worker comes back to its module, minutes of CI on 2 cores."""
+    if getattr(session.config.option, "loadgroup", False):  # set on the workers of a loadgroup run
+        session.config.stash[LOST_GROUPS] = {  # xdist's rule: an "@" after the last "]"
+            item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and item.nodeid.rfind("@") <= item.nodeid.rfind("]")}
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid in item.config.stash.get(LOST_GROUPS, ()):
+        pytest.fail("pytest-xdist's --dist loadgroup lost this test's group: this pytest and pytest-xdist do not "
+                    "work together; install the versions setup.py's test extra pins (pip install -e '.[test]')",
+                    pytrace=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kernel_cache(run_dir):
     """One cuda kernel cache for the run (its xdist workers and the interpreter child
