@@ -17,6 +17,8 @@ import math
 import numpy as np
 import pytest
 
+from invariance import skip_if_auto_runs_avx2
+
 from bessemer.plugins.ops import ref_sample_rows
 from bessemer.runtime.llm import LLM, SamplingParams
 from bessemer.runtime.random_stream import TOKEN, RandomStream, mix64
@@ -210,11 +212,10 @@ SPEC_ENGINES = [("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "avx2")]
 
 @pytest.fixture(scope="module", params=SPEC_ENGINES, ids=lambda p: "-".join(p))
 def spec_engine(request, smollm2_engine):
-    from invariance import skip_if_auto_runs_avx2
-
     dtype, isa = request.param
-    skip_if_auto_runs_avx2(smollm2_engine(dtype), isa, (dtype, "auto") in SPEC_ENGINES)
-    return smollm2_engine(dtype), isa
+    engine = smollm2_engine(dtype)
+    skip_if_auto_runs_avx2(engine, isa, (dtype, "auto") in SPEC_ENGINES)
+    return engine, isa
 
 
 @pytest.mark.slow
