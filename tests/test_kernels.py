@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tolerances as tol  # noqa: E402
+from edit_loop import check_subset  # noqa: E402
 
 from bessemer import _C  # noqa: E402
 from bessemer.plugins import ops  # noqa: E402
@@ -692,7 +693,8 @@ def test_attention_missing_block_rejected(tmp_path):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("threads", [1, 2, 3])
+# three threads split the long row's keys unevenly and leave chunks of the short row empty
+@pytest.mark.parametrize("threads", check_subset([1, 2, 3], keep=[3]))
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8", pytest.param("float8_e4m3", marks=pytest.mark.slow)])
 def test_attention_decode_split(tmp_path, isa, threads, kv_dtype):
     """Decode rows of a long and a short sequence: few (row, KV head) units, so the key
@@ -709,9 +711,11 @@ KEY_BLOCK = 64  # attention.cpp's kKB: a query's keys are cut into blocks at its
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kv_dtype,window,H,D", [("float32", 0, 4, 32), ("bfloat16", 0, 4, 32), ("int8", 0, 4, 32),
-                                                 ("float8_e4m3", 0, 4, 32), ("bfloat16", 100, 4, 32),
-                                                 ("bfloat16", 0, 6, 64)])  # SmolLM2's group of 3, head_dim 64
+# the edit loop: a 16-bit and a one-byte cache (the codes' scales are in the key blocks too)
+@pytest.mark.parametrize("kv_dtype,window,H,D", check_subset(
+    [("float32", 0, 4, 32), ("bfloat16", 0, 4, 32), ("int8", 0, 4, 32), ("float8_e4m3", 0, 4, 32),
+     ("bfloat16", 100, 4, 32), ("bfloat16", 0, 6, 64)],  # the last: SmolLM2's group of 3, head_dim 64
+    keep=[("bfloat16", 0, 4, 32), ("int8", 0, 4, 32)]))
 def test_attention_key_blocks_bit_identical_across_paths_batches_and_threads(tmp_path, isa, kv_dtype, window, H, D):
     """A prompt of five key blocks: each checked row's output has the same bits as the prompt's
     prefill row at its position (the tiles) whether it runs as a decode row alone (its key

@@ -29,6 +29,7 @@ from bessemer.plugins import ops
 from bessemer.quantization.config import QuantConfig
 from bessemer.runtime.llm import LLM, SamplingParams
 from conftest import NEW_FAMILIES, make_tiny_checkpoint
+from edit_loop import check_subset
 from greedy_ties import assert_same_but_at_a_tie
 from tolerances import INTERPRETER_ATOL, TP_LOGITS_ATOL, TP_LOGITS_RTOL, TP_W4_BF16_LOGITS_RTOL
 
@@ -123,7 +124,14 @@ def test_shard_pass_structure(tiny_checkpoint):
     assert by["lm_head"].weights[0].slices == ((125, 250, 0, 64),)
 
 
-@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", *NEW_FAMILIES])
+# the edit loop's families: a replicated KV head and a tied table (llama-tied), q/k/v biases
+# (qwen2), a fused qkv checkpoint (phi3), sandwich norms and sliding windows (gemma3), and
+# experts, attention sinks and biased routers (gpt-oss)
+TP_CHECK_FAMILIES = ["llama-tied", "qwen2", "phi3", "gemma3", "gpt-oss"]
+
+
+@pytest.mark.parametrize("kind", check_subset(["llama-untied", "llama-tied", "qwen2", *NEW_FAMILIES],
+                                              keep=TP_CHECK_FAMILIES))
 @pytest.mark.parametrize("fuse", [True, False])
 def test_sharded_graphs_compute_the_unsharded_logits(kind, fuse, tiny_checkpoint):
     # llama-tied has 1 KV head: both ranks read (replicate) it
@@ -204,7 +212,8 @@ def test_shm_collectives_match_references():
 
 # ---------------------------------------------------------------- engines: TP=2 vs TP=1
 
-@pytest.mark.parametrize("kind", ["llama-untied", "llama-tied", "qwen2", "mistral", *NEW_FAMILIES])
+@pytest.mark.parametrize("kind", check_subset(["llama-untied", "llama-tied", "qwen2", "mistral", *NEW_FAMILIES],
+                                              keep=TP_CHECK_FAMILIES))
 def test_tp2_equals_tp1_tiny(kind, tiny_engine):
     opts = dict(kv_block_size=4, max_num_tokens=24)
     _compare(tiny_engine(kind, **opts), tiny_engine(kind, tp_size=2, **opts), 250, kind)

@@ -235,6 +235,7 @@ def _run_child(name: str, marker: str) -> None:
     assert run.returncode == 0, f"{name}: {summary}\n{run.stdout[-8000:]}\n{run.stderr[-2000:]}"
 
 
+@pytest.mark.slow  # a child process: the cuda target's, its kernels under the interpreter, ~15 s on 2 cores
 @pytest.mark.parametrize("name", ELSEWHERE)
 def test_target_in_its_own_process(name):
     """Its kernel tables and every kernel against its reference."""
