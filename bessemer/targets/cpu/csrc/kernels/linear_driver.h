@@ -247,6 +247,7 @@ struct QuantParams {
     const uint16_t* super_scales = nullptr;   // linear_w4k: fp16 panel16 [N, K/group] (UkArgs::qds)
     const uint16_t* super_offsets = nullptr;
     int x_sums = 0;  // > 0: prepared rows carry ceil(kc / x_sums) fp32 values after their data (XPrepFn)
+    bool gemv_one_pass = false;  // a GEMV reads each panel in one K pass (see LinearBlocks::blocks)
 };
 
 // p advanced by n elements of pbytes bytes.
@@ -288,10 +289,11 @@ struct PanelFamily {
         // bf16 weights reads each panel in one pass instead (measured faster: its streams are
         // not cut every 512 k), and so does one of int4 weights on bf16 activations (esize 2,
         // linear_w4_bf16_avx512.cpp: measured 8% faster at one thread on a 1536 x 2048 matrix
-        // from DRAM and 14% on a 512 x 2048 one from L2, Zen 4); the other quantized GEMVs keep
+        // from DRAM and 14% on a 512 x 2048 one from L2, Zen 4), and so does a kernel that asks
+        // for it (QuantParams::gemv_one_pass: linear_w4_avx2); the other quantized GEMVs keep
         // the blocks (measured faster for int8 decode). The results do not depend on the
         // choice (see the top of this file).
-        const bool one_pass = gemv && (!q || (prep && esize == 2));
+        const bool one_pass = gemv && (!q || (prep && esize == 2) || q->gemv_one_pass);
         int n = !one_pass && K > 1024 ? (K + 511) / 512 : 1;
         int kc = (K + n - 1) / n;
         // A prepared linear's K block holds MR rows in the buffer: at most cap columns (whole
