@@ -4,6 +4,7 @@ triton's code computes them, and an overflow check that still asserts where the 
 would assert (debug on). The interpreted kernel tests check the kernels' values through them."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -31,6 +32,38 @@ def test_int32_overflow_check_asserts_only_when_the_interpreter_would():
         debug.options = dataclasses.replace(debug.options, debug=True)
         with pytest.raises(AssertionError, match=f"int32 overflow detected for operation {op}"):
             getattr(interp.TritonSemantic(debug), op)(lhs, rhs, sanitize_overflow=True)
+
+
+def _tensor(shape, dtype=tl.float32, seed=0):
+    if shape is None:  # a scalar
+        return tl.tensor(interp.TensorHandle(np.array([seed + 0.5], np.float32), dtype), dtype)
+    data = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return tl.tensor(interp.TensorHandle(data, dtype), tl.block_type(dtype, list(shape)))
+
+
+def test_implicit_broadcasts_give_what_tritons_code_gives():
+    sem = interp.TritonSemantic(interp.InterpreterBuilder())
+    fast = interp.TritonSemantic.broadcast_impl_value
+    triton_s = fast.__wrapped__
+    shapes = [((4, 8), (4, 8)), ((4, 1), (1, 8)), ((1, 8), (4, 8)), ((4, 8), (4, 1)), ((1, 1), (4, 8)),
+              ((8,), (4, 8)), ((4, 8), (8,)), ((2, 4, 8), (4, 1)), ((4, 8), None), (None, (1, 8)), (None, None)]
+    for a, b in shapes:
+        lhs, rhs = _tensor(a, seed=1), _tensor(b, seed=2)
+        for got, want in zip(fast(sem, lhs, rhs), triton_s(sem, lhs, rhs)):
+            assert got.type == want.type and got.handle.dtype == want.handle.dtype, (a, b, got.type, want.type)
+            np.testing.assert_array_equal(got.handle.data, want.handle.data)
+    # a pointer block with an int32 scalar (an address offset)
+    ptr = tl.tensor(interp.TensorHandle(np.arange(4, dtype=np.uint64), tl.pointer_type(tl.float32)),
+                    tl.block_type(tl.pointer_type(tl.float32), [4]))
+    off = tl.tensor(interp.TensorHandle(np.array([3], np.int32), tl.int32), tl.int32)
+    for got, want in zip(fast(sem, ptr, off), triton_s(sem, ptr, off)):
+        assert got.type == want.type
+        np.testing.assert_array_equal(got.handle.data, want.handle.data)
+    for a, b in (((4, 8), (8, 4)), ((4, 8), (2, 8))):
+        with pytest.raises(ValueError) as want:
+            triton_s(sem, _tensor(a), _tensor(b))
+        with pytest.raises(ValueError, match=re.escape(str(want.value))):
+            fast(sem, _tensor(a), _tensor(b))
 
 
 def test_block_types_are_built_checked_named_and_compared_as_triton_does():

@@ -18,6 +18,9 @@ _HELPER_PATCHED = "_bessemer_helper_patched"
 def install(interp, tl) -> None:
     core = tl.core
     _skip_unasserted_overflow_checks(interp)
+    _faster_broadcasts(interp, core)
+    _same_type_operands_checked_once(interp, tl)
+    _builtins_called_directly(interp, core)
     _patch_each_language_once_a_launch(interp, tl)
     _faster_block_types(core)
     _faster_dtype_equality(core)
@@ -40,6 +43,110 @@ def _skip_unasserted_overflow_checks(interp) -> None:
         return original(self, lhs, rhs, binary_op)
 
     semantic_cls.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl
+
+
+def _faster_broadcasts(interp, core) -> None:
+    """TritonSemantic.broadcast_impl_value, the implicit broadcast of every binary operation's
+    operands, compares shapes as tl.tuples (each comparison normalises both sides and wraps its
+    answer in a constexpr) and builds a splat's IR type only for create_splat to read its shape:
+    a fifth of an interpreted kernel's time. Here, under the interpreter's builder, two blocks of
+    one rank compare their shapes as the int lists they hold, and a splat gets its block type
+    directly; blocks of different ranks, and every other builder (the compiler's), take
+    triton's code. The values, types and error messages are triton's."""
+    semantic_cls, builder_cls, block_type = interp.TritonSemantic, interp.InterpreterBuilder, core.block_type
+    original = semantic_cls.broadcast_impl_value
+
+    def broadcast_impl_value(self, lhs, rhs):
+        if not isinstance(self.builder, builder_cls):
+            return original(self, lhs, rhs)
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        lhs_block, rhs_block = lhs_ty.is_block(), rhs_ty.is_block()
+        if lhs_block and rhs_block:
+            lhs_shape, rhs_shape = lhs_ty.shape.values, rhs_ty.shape.values
+            if lhs_shape == rhs_shape:
+                return lhs, rhs
+            if len(lhs_shape) != len(rhs_shape):
+                return original(self, lhs, rhs)
+            shape = []
+            for i, (left, right) in enumerate(zip(lhs_shape, rhs_shape)):
+                if left == 1:
+                    shape.append(right)
+                elif right == 1 or right == left:
+                    shape.append(left)
+                else:
+                    raise ValueError("Cannot make_shape_compatible: incompatible dimensions "
+                                     "at index " + str(i) + ": " + str(left) + " and " + str(right))
+            if lhs_shape != shape:
+                lhs = self.tensor(self.builder.create_broadcast(lhs.handle, shape), block_type(lhs_ty.scalar, shape))
+            if rhs_shape != shape:
+                rhs = self.tensor(self.builder.create_broadcast(rhs.handle, shape), block_type(rhs_ty.scalar, shape))
+            return lhs, rhs
+        if lhs_block:  # make_shape_compatible(block, scalar): the interpreter's splat reads the shape
+            ty = block_type(rhs_ty.scalar, lhs_ty.shape)
+            return lhs, self.tensor(self.builder.create_splat(ty, rhs.handle), ty)
+        if rhs_block:
+            ty = block_type(lhs_ty.scalar, rhs_ty.shape)
+            return self.tensor(self.builder.create_splat(ty, lhs.handle), ty), rhs
+        return lhs, rhs
+
+    broadcast_impl_value.__wrapped__ = original  # triton's, the oracle of its test
+    semantic_cls.broadcast_impl_value = broadcast_impl_value
+
+
+def _same_type_operands_checked_once(interp, tl) -> None:
+    """TritonSemantic.binary_op_type_checking_impl for two tensors of one non-pointer scalar
+    type, the common case: neither is a Python number (no constant to build or range-check)
+    and neither a pointer (nothing for check_ptr_type_impl to refuse), so what remains is the
+    computation type (remembered per operand type: a pure function of it, computed by
+    triton's own code the first time), the casts to it when it differs, and the broadcast.
+    Other operands, and every other builder, take triton's code."""
+    semantic_cls, builder_cls, tensor_cls = interp.TritonSemantic, interp.InterpreterBuilder, tl.core.tensor
+    original = semantic_cls.binary_op_type_checking_impl
+    computation_types: dict = {}  # (scalar type, div_or_mod) -> computation type
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
+                                     arithmetic_check=True, div_or_mod=False):
+        if not (isinstance(self.builder, builder_cls) and isinstance(lhs, tensor_cls) and isinstance(rhs, tensor_cls)):
+            return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        scalar = lhs.type.scalar
+        if scalar.is_ptr() or rhs.type.scalar != scalar:
+            return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        if arithmetic_check:
+            key = (scalar, div_or_mod)
+            ret = computation_types.get(key)
+            if ret is None:
+                ret = computation_types[key] = self.computation_type_impl(scalar, False, scalar, False, div_or_mod)
+            if ret != scalar:
+                lhs, rhs = self.cast(lhs, ret), self.cast(rhs, ret)
+        return self.broadcast_impl_value(lhs, rhs)
+
+    binary_op_type_checking_impl.__wrapped__ = original  # triton's, the oracle of its test
+    semantic_cls.binary_op_type_checking_impl = binary_op_type_checking_impl
+
+
+def _builtins_called_directly(interp, core) -> None:
+    """A launch replaces each tl builtin with a lambda that copies the call's keyword arguments
+    without `_semantic`, adds its own TritonSemantic, and calls the builtin's wrapper, which
+    checks that `_semantic` is there and calls the function. For the builtins made by
+    core.builtin (all but a few), the replacement here sets `_semantic` in the call's own
+    keyword dict (a fresh one each call) and calls the function the wrapper wraps: the same
+    call, one frame and one dict copy fewer, on every interpreted operation."""
+    original = interp._patch_attr
+    wrapper_code = core.builtin(lambda: None).__code__
+
+    def _patch_attr(obj, name, member, builder, scope):
+        fn = getattr(member, "__wrapped__", None)
+        if getattr(member, "__code__", None) is not wrapper_code or fn is None:
+            return original(obj, name, member, builder, scope)
+        semantic = interp.TritonSemantic(builder)
+
+        def new_member(*args, **kwargs):
+            kwargs["_semantic"] = semantic
+            return fn(*args, **kwargs)
+
+        scope.set_attr(obj, name, new_member)
+
+    interp._patch_attr = _patch_attr
 
 
 def _patch_each_language_once_a_launch(interp, tl) -> None:
