@@ -66,6 +66,31 @@ def test_implicit_broadcasts_give_what_tritons_code_gives():
             fast(sem, _tensor(a), _tensor(b))
 
 
+def test_operands_of_one_type_are_checked_as_tritons_code_checks_them():
+    """Same-type tensors (the fast path): the computation type's casts (fp16 and bf16 divide
+    in fp32) and the broadcast; numbers, pointers and mixed types (triton's own code)."""
+    sem = interp.TritonSemantic(interp.InterpreterBuilder())
+    fast = interp.TritonSemantic.binary_op_type_checking_impl
+    triton_s = fast.__wrapped__
+    f16 = lambda shape: tl.tensor(interp.TensorHandle(np.full(shape, 1.5, np.float16), tl.float16),  # noqa: E731
+                                  tl.block_type(tl.float16, list(shape)))
+    i32 = lambda shape: tl.tensor(interp.TensorHandle(np.arange(np.prod(shape), dtype=np.int32).reshape(shape),  # noqa: E731
+                                                      tl.int32), tl.block_type(tl.int32, list(shape)))
+    cases = [(f16((4, 8)), f16((4, 1)), {}), (f16((4, 8)), f16((4, 8)), {"div_or_mod": True}),
+             (i32((4, 1)), i32((1, 8)), {"div_or_mod": True}), (i32((4, 8)), i32((4, 8)), {"arithmetic_check": False}),
+             (_tensor((4, 8)), _tensor(None), {}), (_tensor((4, 8)), 2, {}), (3.0, i32((4,)), {}),
+             (_tensor((4, 8)), i32((4, 8)), {}), (f16((2,)), _tensor((2,)), {"div_or_mod": True})]
+    for lhs, rhs, kwargs in cases:
+        for got, want in zip(fast(sem, lhs, rhs, **kwargs), triton_s(sem, lhs, rhs, **kwargs)):
+            assert got.type == want.type, (kwargs, got.type, want.type)
+            np.testing.assert_array_equal(got.handle.data, want.handle.data)
+    ptr = tl.tensor(interp.TensorHandle(np.arange(4, dtype=np.uint64), tl.pointer_type(tl.float32)),
+                    tl.block_type(tl.pointer_type(tl.float32), [4]))
+    for call in (fast, triton_s):  # pointer + pointer refused unless the caller allows it
+        with pytest.raises(triton.language.semantic.IncompatibleTypeErrorImpl):
+            call(sem, ptr, ptr)
+
+
 def test_block_types_are_built_checked_named_and_compared_as_triton_does():
     for shape in ([4, 8], [tl.constexpr(4), 8], tl.tuple([4, tl.constexpr(8)])):
         ty = tl.block_type(tl.float32, shape)
