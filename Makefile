@@ -26,12 +26,18 @@ demo: model
 		--prompt "What is the capital of France?" \
 		--prompt "Write a haiku about a steel mill."
 
-# --dist loadgroup: tests marked xdist_group share one worker (and the fixtures they build)
+# --dist loadgroup: tests marked xdist_group share one worker (and the fixtures they build).
+# Bytecode is cached (in the gitignored __pycache__ folders) even where the environment says
+# PYTHONDONTWRITEBYTECODE: the suite starts many Python processes (test workers,
+# interpreter children, servers, ranks, CLIs), and without the cache each one compiles the
+# sources it imports, and each pytest process rewrites the test modules' asserts, again.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q tests -n $(TEST_WORKERS) --dist loadgroup
+
 test: install
-	$(PYTHON) -m pytest -q tests -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	$(PYTEST) --durations=30
 
 check:
-	$(PYTHON) -m pytest -q tests -n $(TEST_WORKERS) --dist loadgroup -m "not slow" --durations=10
+	$(PYTEST) -m "not slow" --durations=10
 
 # Build, validate against HF and publish the engines of engines.yaml (what the engines CI job runs).
 engines: model
