@@ -62,9 +62,11 @@ void linear_w8_avx512(const float* x, int64_t ldx, int M, const int8_t* q, const
 // w = scale * code + offset per group.
 // round_x: linear_w4a16@2 on a CPU without AVX512_BF16 + VBMI: x rounded to bf16 values
 // first (round_rows_to_bf16_f32), so every CPU computes @2's products.
+// linear_w4_avx2 also reads its parameters as stored: pbytes 2 when scales and offsets are
+// bf16 (widened in registers), and offsets null for symmetric codes (w = scale * (code - 8)).
 void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                     const float* offsets, int group, int N, int K, const float* bias, float* y,
-                    int64_t ldy, int nthreads, bool round_x);
+                    int64_t ldy, int nthreads, bool round_x, int pbytes = 4);
 void linear_w4_avx512(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                       const float* offsets, int group, int N, int K, const float* bias, float* y,
                       int64_t ldy, int nthreads, bool round_x);

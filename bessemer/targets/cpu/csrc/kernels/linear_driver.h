@@ -203,7 +203,7 @@ struct UkArgs {
     //   group-wise (group > 0):   qs/qo = scales/offsets of panel p0 at group k0/group
     //                             (panel16 [N, K/group]); panel n's at qs + n*qpstride.
     const float* qs;
-    const float* qo;
+    const float* qo;   // null for symmetric int4 codes read as stored (offset = -8 * scale)
     int64_t qpstride;  // elements between panels of qs/qo (group-wise)
     int group;         // K columns per group (kc is a multiple of it), 0 = per channel
     int pbytes;        // bytes per element of qs/qo: 4 fp32, 2 bf16 (then qs/qo point to bf16)
@@ -360,7 +360,7 @@ struct PanelFamily {
             if (q->group > 0) {
                 const int64_t off = int64_t(p0) * t.a.qpstride + int64_t(k0 / q->group) * 16;
                 t.a.qs = param_at(q->scales, off, q->pbytes);
-                t.a.qo = param_at(q->offsets, off, q->pbytes);
+                t.a.qo = q->offsets ? param_at(q->offsets, off, q->pbytes) : nullptr;  // null: symmetric
                 if (q->super_scales) {
                     t.a.qds = q->super_scales + off;
                     t.a.qdo = q->super_offsets + off;

@@ -49,6 +49,7 @@ struct W4Params : KernelParams {
     bool k8;            // codes stored panel16_int4_k8
     bool bf16_params;   // scales/offsets stored bf16
     bool symmetric;     // @3: no offsets stored, w = scale * (code - 8)
+    bool params_as_stored;  // the AVX2 kernel reads scales/offsets as stored (fp32 or bf16)
     // Weights re-laid (codes) or widened (fp32 parameters) once at prepare for a CPU that
     // lacks the kernel their stored form was chosen for (empty otherwise); run reads them
     // instead of the mapped file.
@@ -130,11 +131,15 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
         a.relaid.resize(size_t((N + 15) / 16) * size_t(K) * 8);
         repack_int4_k8_to_panel16(static_cast<const uint8_t*>(c.weights[0]->data), N, K, a.relaid.data());
     }
-    // Likewise bf16 scales/offsets are widened to fp32 once: [scales | offsets], half each;
-    // symmetric codes get their offsets -8 * scales there.
+    // The AVX2 kernel reads the parameters as stored (bf16 widened in registers, a symmetric
+    // offset made from its scale): in a decode GEMV of g32 codes, fp32 scales and offsets
+    // were a third of the bytes read. For AVX-512's fp32 kernel bf16 scales/offsets are
+    // widened to fp32 once: [scales | offsets], half each; symmetric codes get their offsets
+    // -8 * scales there.
     a.bf16_params = c.weights[1]->dtype == DT_BF16;
     a.symmetric = sym;
-    if ((a.bf16_params || sym) && !a.bf16_kernel) {
+    a.params_as_stored = p.isa != Isa::AVX512 && !a.bf16_kernel;
+    if ((a.bf16_params || sym) && !a.bf16_kernel && !a.params_as_stored) {
         const size_t n = size_t((N + 15) / 16 * 16) * size_t(K / G);
         a.relaid_f.resize(2 * n);
         for (int w = 0; w < np; ++w) {
@@ -170,11 +175,19 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
                               ctx.ld(c.outs[0]), ctx.nthreads);
         return;
     }
+    // panel16_int4 codes (re-laid at prepare if stored as k8)
+    if (a.params_as_stored) {
+        const auto* scales = static_cast<const float*>(c.weights[1]->data);
+        const auto* offsets = a.symmetric ? nullptr : static_cast<const float*>(c.weights[2]->data);
+        linear_w4_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
+                       ctx.nthreads, round_x, a.bf16_params ? 2 : 4);
+        return;
+    }
     // fp32 parameters (widened at prepare if stored as bf16)
     const float* scales = a.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : a.relaid_f.data();
     const float* offsets =
         a.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : a.relaid_f.data() + a.relaid_f.size() / 2;
-    if (ctx.isa == Isa::AVX512)  // panel16_int4 codes (re-laid at prepare if stored as k8)
+    if (ctx.isa == Isa::AVX512)
         linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
                          ctx.nthreads, round_x);
     else
@@ -274,6 +287,28 @@ void decode_panels_q(const void* w, int64_t pstride, int nr, int kc, float* out)
                          [&](int n, int k, __m256& w0, __m256& w1) { decode16<QK>(p + n * pstride, k, w0, w1); });
 }
 
+// Parameter i of p as fp32: stored fp32 (pbytes 4) or bf16 (pbytes 2, widened exactly).
+inline float param_value(const float* p, int64_t i, int pbytes) {
+    if (pbytes == 4) return p[i];
+    const uint32_t u = uint32_t(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Parameters i..i+15 of p as two fp32 vectors (see param_value).
+inline __attribute__((always_inline)) void load_params16(const float* p, int64_t i, int pbytes, __m256& v0,
+                                                         __m256& v1) {
+    if (pbytes == 4) {
+        v0 = _mm256_loadu_ps(p + i);
+        v1 = _mm256_loadu_ps(p + i + 8);
+        return;
+    }
+    const auto* h = reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(p) + i);
+    v0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+    v1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)), 16));
+}
+
 // One call covers a.kc columns of K: a.kc / G groups (w8: one group of kc, per-channel
 // scales). Per group: fp32 dot of x with the codes (DEC: read decoded from a.wdec, else
 // widened here per k), then w4: y (+)= scale * dot + offset * sum(x_g) (SUMS: sum(x_g) read
@@ -295,10 +330,14 @@ inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
     // once per cache line) and its parameters (pq_len floats at pq_s / pq_o, pq_step per
     // cache-line step of the k loop); see UkArgs::pf_next.
     constexpr int kLineK = 64 / kBytes;  // k per cache line of a panel's codes
+    // int4 parameters are fp32 or bf16 (a.pbytes), their offsets absent for symmetric codes
+    const int pb = QK == Q4 ? a.pbytes : 4;
+    const int pq_inc = 64 / pb;  // parameters per cache line
     const int64_t pq_len = a.pf_next ? (QK == Q4 ? NR * a.qpstride : NR * 16) : 0;
-    const float* pq_s = a.qs + pq_len;
-    const float* pq_o = QK == Q4 ? a.qo + pq_len : nullptr;
-    const int64_t pq_step = (pq_len / 16 + (a.kc + kLineK - 1) / kLineK - 1) / ((a.kc + kLineK - 1) / kLineK) * 16;
+    const char* pq_s = reinterpret_cast<const char*>(param_at(a.qs, pq_len, pb));
+    const char* pq_o = QK == Q4 && a.qo ? reinterpret_cast<const char*>(param_at(a.qo, pq_len, pb)) : nullptr;
+    const int64_t k_lines = (a.kc + kLineK - 1) / kLineK;
+    const int64_t pq_step = (pq_len / pq_inc + k_lines - 1) / k_lines * pq_inc;
     // int8 (one group, per-channel scales): a later K block starts from the unscaled partial
     // sums the previous one stored in y, and only the last block scales them and adds the
     // bias, so a row's sum is one FMA chain over k = 0..K-1 whatever the K blocking. int4:
@@ -323,9 +362,9 @@ inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
 #pragma GCC unroll 4
                 for (int n = 0; n < NR; ++n) _mm_prefetch(wp[n] + k * kBytes + a.pf_next, _MM_HINT_T0);
                 const int64_t i0 = (k / kLineK) * pq_step, i1 = i0 + pq_step < pq_len ? i0 + pq_step : pq_len;
-                for (int64_t i = i0; i < i1; i += 16) {
-                    _mm_prefetch(reinterpret_cast<const char*>(pq_s + i), _MM_HINT_T0);
-                    if (QK == Q4) _mm_prefetch(reinterpret_cast<const char*>(pq_o + i), _MM_HINT_T0);
+                for (int64_t i = i0; i < i1; i += pq_inc) {
+                    _mm_prefetch(pq_s + i * pb, _MM_HINT_T0);
+                    if (pq_o) _mm_prefetch(pq_o + i * pb, _MM_HINT_T0);
                 }
             }
             __m256 wv[NR][2];
@@ -361,12 +400,18 @@ inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
                 for (int r = 0; r < MR; ++r) store_partial16(a.y + r * a.ldy + col0, nc, acc[r][n][0], acc[r][n][1]);
                 continue;
             }
-            const float* sp = QK == Q4 ? a.qs + n * a.qpstride + g * 16 : a.qs + col0;
-            const float* op = QK == Q4 ? a.qo + n * a.qpstride + g * 16 : nullptr;
+            const int64_t pi = QK == Q4 ? n * a.qpstride + g * 16 : col0;  // parameter index
             if (nc >= 16) {
-                const __m256 s0 = _mm256_loadu_ps(sp), s1 = _mm256_loadu_ps(sp + 8);
-                __m256 o0 = _mm256_setzero_ps(), o1 = o0;
-                if (QK == Q4) o0 = _mm256_loadu_ps(op), o1 = _mm256_loadu_ps(op + 8);
+                __m256 s0, s1, o0 = _mm256_setzero_ps(), o1 = o0;
+                load_params16(a.qs, pi, pb, s0, s1);
+                if (QK == Q4) {
+                    if (a.qo) {
+                        load_params16(a.qo, pi, pb, o0, o1);
+                    } else {  // symmetric: -8 * scale, exact (what a widened offsets table holds)
+                        o0 = _mm256_mul_ps(s0, _mm256_set1_ps(-8.0f));
+                        o1 = _mm256_mul_ps(s1, _mm256_set1_ps(-8.0f));
+                    }
+                }
 #pragma GCC unroll 8
                 for (int r = 0; r < MR; ++r) {
                     float* yp = a.y + r * a.ldy + col0;
@@ -395,8 +440,9 @@ inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
                     _mm256_store_ps(tmp + 8, acc[r][n][1]);
                     float* yp = a.y + r * a.ldy + col0;
                     for (int j = 0; j < nc; ++j) {
-                        float val = tmp[j] * sp[j];
-                        if (QK == Q4) val = std::fma(op[j], sx[r], val);
+                        const float sj = param_value(a.qs, pi + j, pb);
+                        float val = tmp[j] * sj;
+                        if (QK == Q4) val = std::fma(a.qo ? param_value(a.qo, pi + j, pb) : -8.0f * sj, sx[r], val);
                         if (load_y) val += yp[j];
                         if (bias) val += bias[col0 + j];
                         yp[j] = val;
@@ -457,9 +503,10 @@ void linear_w8_avx2(const float* x, int64_t ldx, int M, const int8_t* q, const f
 
 void linear_w4_avx2(const float* x, int64_t ldx, int M, const uint8_t* codes, const float* scales,
                     const float* offsets, int group, int N, int K, const float* bias, float* y, int64_t ldy,
-                    int nthreads, bool round_x) {
+                    int nthreads, bool round_x, int pbytes) {
     const W4Prep prep = w4_prep(group, round_x);
     QuantParams qp{scales, offsets, group};
+    qp.pbytes = pbytes;
     qp.x_sums = prep.x_sums;
     // Decode reads each panel's codes in one K pass: a Llama-1B layer's four GEMVs (g32, from
     // DRAM) took 21% less time on 2 threads of a Zen 3 than in K blocks of 512, whose cuts
