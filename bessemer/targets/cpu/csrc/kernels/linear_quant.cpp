@@ -327,7 +327,7 @@ inline __attribute__((always_inline)) void ukr_q_avx2_body(const UkArgs& a) {
     const int ng = a.kc / G;
     constexpr int kBytes = QK == Q8 ? 16 : 8;  // weight bytes per panel and k
     // GEMV (a.pf_next != 0): prefetch the next panel group's codes (a.pf_next bytes ahead,
-    // once per cache line) and its parameters (pq_len floats at pq_s / pq_o, pq_step per
+    // once per cache line) and its parameters (pq_len of them at pq_s / pq_o, pq_step per
     // cache-line step of the k loop); see UkArgs::pf_next.
     constexpr int kLineK = 64 / kBytes;  // k per cache line of a panel's codes
     // int4 parameters are fp32 or bf16 (a.pbytes), their offsets absent for symmetric codes
