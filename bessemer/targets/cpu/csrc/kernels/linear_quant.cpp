@@ -139,7 +139,7 @@ void prepare_linear_w4a16(KernelCall& c, const PlanInfo& p) {
     a.bf16_params = c.weights[1]->dtype == DT_BF16;
     a.symmetric = sym;
     a.params_as_stored = p.isa != Isa::AVX512 && !a.bf16_kernel;
-    if ((a.bf16_params || sym) && !a.bf16_kernel && !a.params_as_stored) {
+    if ((a.bf16_params || sym) && p.isa == Isa::AVX512 && !a.bf16_kernel) {
         const size_t n = size_t((N + 15) / 16 * 16) * size_t(K / G);
         a.relaid_f.resize(2 * n);
         for (int w = 0; w < np; ++w) {
@@ -183,16 +183,13 @@ void run_linear_w4a16(const KernelCall& c, const StepContext& ctx) {
                        ctx.nthreads, round_x, a.bf16_params ? 2 : 4);
         return;
     }
-    // fp32 parameters (widened at prepare if stored as bf16)
+    // AVX-512's fp32 kernel (prepared for the executor's ISA, which run shares): fp32
+    // parameters, widened at prepare if stored as bf16 or symmetric
     const float* scales = a.relaid_f.empty() ? static_cast<const float*>(c.weights[1]->data) : a.relaid_f.data();
     const float* offsets =
         a.relaid_f.empty() ? static_cast<const float*>(c.weights[2]->data) : a.relaid_f.data() + a.relaid_f.size() / 2;
-    if (ctx.isa == Isa::AVX512)
-        linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
-                         ctx.nthreads, round_x);
-    else
-        linear_w4_avx2(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
-                       ctx.nthreads, round_x);
+    linear_w4_avx512(x, ctx.ld(c.ins[0]), M, codes, scales, offsets, G, N, K, bias, y, ctx.ld(c.outs[0]),
+                     ctx.nthreads, round_x);
 }
 
 int linear_w4a16_v2_max_group() { return kXPrepMaxGroup; }
